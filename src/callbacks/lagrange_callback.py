@@ -1,0 +1,55 @@
+"""λ update: every K steps, λ ← max(0, λ + η·(Ê[cost] − B)) from the costs seen since the last update."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import lightning.pytorch as pl
+
+from src.rewards.lagrange import lagrange_update
+
+log = logging.getLogger(__name__)
+
+
+class LagrangeCallback(pl.Callback):
+    """Owns the dual update; λ itself is the module's ``lagrange_lambda`` buffer (checkpointed).
+
+    The sums of cost and r_task since the last update, and the step count, are callback state
+    and are saved in / restored from checkpoints, so a resumed run updates λ exactly as an
+    uninterrupted one.
+    """
+
+    def __init__(self, budget: float, lr: float, every_k_steps: int = 1, lambda_max: float | None = None):
+        self.budget, self.lr, self.every = float(budget), float(lr), max(int(every_k_steps), 1)
+        self.lambda_max = lambda_max
+        self.cost_sum = self.reward_sum = 0.0
+        self.count = 0
+        self.steps = 0
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        rb = getattr(pl_module, "last_rollout", None)
+        if rb is None or rb.router is None:
+            return
+        self.cost_sum += float(rb.router.cost.sum())
+        self.reward_sum += float(rb.rewards.sum()) if rb.rewards.numel() else 0.0
+        self.count += int(rb.router.cost.numel())
+        self.steps += 1
+        if self.steps % self.every:
+            return
+        mean_cost = self.cost_sum / max(self.count, 1)
+        lam = lagrange_update(float(pl_module.lagrange_lambda), mean_cost, self.budget, self.lr)
+        if self.lambda_max is not None:
+            lam = min(lam, self.lambda_max)
+        pl_module.lagrange_lambda.fill_(lam)
+        pl_module.log_dict({"train/lambda_next": lam, "train/cost_window_mean": mean_cost,
+                            "train/reward_task_window_mean": self.reward_sum / max(self.count, 1)},
+                           on_step=True, logger=True)
+        self.cost_sum = self.reward_sum = 0.0
+        self.count = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"cost_sum": self.cost_sum, "reward_sum": self.reward_sum, "count": self.count, "steps": self.steps}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.__dict__.update({k: state_dict[k] for k in ("cost_sum", "reward_sum", "count", "steps")})

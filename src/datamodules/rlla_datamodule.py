@@ -1,0 +1,235 @@
+"""LightningDataModule over RLLA-schema parquet files (ToolRL's rlla, converted rlla_gpt, synthetic).
+
+Batches are lists of plain dict records, not tensors: the rollout callback rewrites each
+prompt's system message for its route and tokenises again, so padding here would be wasted.
+``prompt_ids`` (the chat-templated prompt with the generation prompt) is still provided: it is
+what the length filter measured and what a route-agnostic caller can feed the engine directly.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from src.datamodules.schema import RLLARecord, read_rlla_parquet
+
+__all__ = ["EpochSeededSampler", "RLLADataModule", "RLLADataset", "list_collate", "prompt_token_ids"]
+
+log = logging.getLogger(__name__)
+
+
+def prompt_token_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    """Chat-templated prompt ids with the assistant generation prompt appended."""
+    ids = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # older/newer transformers may wrap
+        ids = ids["input_ids"]
+    return [int(i) for i in ids]
+
+
+def list_collate(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Identity collate: a batch is the list of records."""
+    return list(records)
+
+
+class RLLADataset(Dataset):
+    """Records with keys uid, data_source, messages, ground_truth, prompt_ids, extra_info."""
+
+    def __init__(self, records: list[dict[str, Any]]):
+        self.records = records
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        r = self.records[i]
+        # fresh containers so a caller rewriting messages in place cannot corrupt the dataset
+        return {
+            **r,
+            "messages": [dict(m) for m in r["messages"]],
+            "prompt_ids": list(r["prompt_ids"]),
+            "extra_info": dict(r["extra_info"]),
+        }
+
+
+class EpochSeededSampler(Sampler[int]):
+    """Permutation of range(n) drawn from (seed, epoch): reproducible order, new each epoch.
+
+    Lightning calls ``set_epoch`` before each epoch; the datamodule checkpoints (seed, epoch).
+    """
+
+    def __init__(self, n: int, seed: int, shuffle: bool = True):
+        self.n, self.seed, self.shuffle, self.epoch = n, seed, shuffle, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[int]:
+        if not self.shuffle:
+            return iter(range(self.n))
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        return iter(torch.randperm(self.n, generator=g).tolist())
+
+    def __len__(self) -> int:
+        return self.n
+
+
+class RLLADataModule(L.LightningDataModule):
+    """Reads, validates, length-filters and serves RLLA prompts.
+
+    Args:
+        train_files / val_files: RLLA-schema parquet paths (any ``data_source``).
+        tokenizer: HF tokenizer with a chat template (used to measure prompt length).
+        max_prompt_length: prompts with more tokens are dropped (``filter_overlong``) or kept and counted.
+        batch_size / val_batch_size: prompts per batch (val defaults to batch_size).
+        shuffle, seed: training order is a permutation seeded by (seed, epoch).
+        drop_last: drop the last partial training batch.
+    """
+
+    def __init__(
+        self,
+        train_files: Sequence[str | Path],
+        val_files: Sequence[str | Path],
+        tokenizer: Any,
+        max_prompt_length: int,
+        batch_size: int,
+        val_batch_size: int | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        num_workers: int = 0,
+        filter_overlong: bool = True,
+        drop_last: bool = False,
+    ):
+        super().__init__()
+        if isinstance(train_files, (str, Path)) or isinstance(val_files, (str, Path)):
+            raise TypeError("train_files and val_files must be lists of paths, not a single path")
+        if max_prompt_length <= 0 or batch_size <= 0 or (val_batch_size is not None and val_batch_size <= 0):
+            raise ValueError("max_prompt_length, batch_size and val_batch_size must be positive")
+        if getattr(tokenizer, "chat_template", None) is None:
+            raise ValueError("tokenizer has no chat_template; RLLA prompts are chat messages")
+        self.train_files = [str(f) for f in train_files]
+        self.val_files = [str(f) for f in val_files]
+        self.tokenizer = tokenizer
+        self.max_prompt_length = max_prompt_length
+        self.batch_size = batch_size
+        self.val_batch_size = val_batch_size or batch_size
+        self.shuffle, self.seed, self.num_workers = shuffle, seed, num_workers
+        self.filter_overlong, self.drop_last = filter_overlong, drop_last
+        self.train_dataset: RLLADataset | None = None
+        self.val_dataset: RLLADataset | None = None
+        self.stats: dict[str, dict[str, Any]] = {}
+        self._epoch = 0
+        self._train_sampler: EpochSeededSampler | None = None
+
+    # ------------------------------------------------------------------ loading
+    def _load(self, files: list[str], split: str) -> RLLADataset:
+        records: list[dict[str, Any]] = []
+        read, dropped = 0, Counter()
+        for path in files:
+            rows, skipped = read_rlla_parquet(path)
+            read += len(rows) + sum(skipped.values())
+            dropped.update(skipped)
+            n_long = 0
+            for row in rows:
+                ids = prompt_token_ids(self.tokenizer, row.messages)
+                if len(ids) > self.max_prompt_length:
+                    n_long += 1
+                    if self.filter_overlong:
+                        continue
+                records.append(_to_record(row, ids))
+            if n_long:
+                verb = "dropped" if self.filter_overlong else "kept (not filtered)"
+                log.warning(
+                    "%s: %s %d of %d rows longer than %d prompt tokens",
+                    Path(path).name, verb, n_long, len(rows), self.max_prompt_length,
+                )
+                if self.filter_overlong:
+                    dropped["overlong"] += n_long
+        _warn_duplicate_uids(records, split)
+        self.stats[split] = {
+            "files": len(files), "read": read, "kept": len(records), "dropped": dict(dropped),
+        }
+        log.info("RLLA %s: %s", split, self.stats[split])
+        return RLLADataset(records)
+
+    def setup(self, stage: str | None = None) -> None:
+        if stage in (None, "fit") and self.train_dataset is None:
+            self.train_dataset = self._load(self.train_files, "train")
+        if stage in (None, "fit", "validate") and self.val_dataset is None:
+            self.val_dataset = self._load(self.val_files, "val")
+
+    # ------------------------------------------------------------------ loaders
+    def train_dataloader(self) -> DataLoader:
+        if self.train_dataset is None:
+            self.setup("fit")
+        if len(self.train_dataset) == 0:
+            raise ValueError(
+                f"no training rows left from {self.train_files} (stats: {self.stats.get('train')})"
+            )
+        self._train_sampler = EpochSeededSampler(len(self.train_dataset), self.seed, self.shuffle)
+        self._train_sampler.set_epoch(self._epoch)
+        return DataLoader(
+            self.train_dataset,
+            batch_size=self.batch_size,
+            sampler=self._train_sampler,
+            collate_fn=list_collate,
+            num_workers=self.num_workers,
+            drop_last=self.drop_last,
+        )
+
+    def val_dataloader(self) -> DataLoader | list:
+        if self.val_dataset is None:
+            self.setup("validate")
+        if len(self.val_dataset) == 0:
+            return []  # no validation
+        return DataLoader(
+            self.val_dataset,
+            batch_size=self.val_batch_size,
+            shuffle=False,
+            collate_fn=list_collate,
+            num_workers=self.num_workers,
+        )
+
+    # ------------------------------------------------------------------ position
+    def state_dict(self) -> dict[str, int]:
+        """Seed and epoch of the training order (resuming restarts the current epoch's permutation)."""
+        epoch = self._train_sampler.epoch if self._train_sampler is not None else self._epoch
+        return {"seed": self.seed, "epoch": epoch}
+
+    def load_state_dict(self, state_dict: dict[str, int]) -> None:
+        self.seed = int(state_dict["seed"])
+        self._epoch = int(state_dict["epoch"])
+        if self._train_sampler is not None:
+            self._train_sampler.seed = self.seed
+            self._train_sampler.set_epoch(self._epoch)
+
+
+def _to_record(row: RLLARecord, prompt_ids: list[int]) -> dict[str, Any]:
+    return {
+        "uid": row.uid,
+        "data_source": row.data_source,
+        "messages": row.messages,
+        "ground_truth": row.ground_truth,
+        "prompt_ids": prompt_ids,
+        "extra_info": row.extra_info,
+    }
+
+
+def _warn_duplicate_uids(records: list[dict[str, Any]], split: str) -> None:
+    # GRPO groups by uid: two different prompts sharing one would be scored as one group.
+    counts = Counter(r["uid"] for r in records)
+    dups = {u: c for u, c in counts.items() if c > 1}
+    if dups:
+        log.warning(
+            "RLLA %s: %d uids (extra_info.index) appear in more than one row, e.g. %s; "
+            "GRPO groups them together if batched together",
+            split, len(dups), list(dups)[:5],
+        )

@@ -1,0 +1,76 @@
+"""Load the actor LM and tokenizer: the embedded tiny model by default, any HF model dir by path."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from src.models.tiny import TinyModelSpec, ensure_tiny_model
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+           "float16": torch.float16, "fp16": torch.float16}
+
+
+@dataclass
+class LoraSettings:
+    enable: bool = False
+    r: int = 8
+    alpha: int = 16
+    dropout: float = 0.0
+    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+
+
+def resolve_model_path(path: str | None, cache_dir: str, tiny: TinyModelSpec | None = None) -> Path:
+    """``path`` of None/'tiny' means the embedded default (built and cached on first use)."""
+    if path in (None, "", "tiny"):
+        return ensure_tiny_model(cache_dir, tiny)
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise FileNotFoundError(f"model.path={path!r} does not exist (downloads are not done at run time)")
+    return p
+
+
+def load_tokenizer(path: Path):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(path))
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "left"
+    if tok.chat_template is None:
+        raise ValueError(f"tokenizer at {path} has no chat template; RLLA prompts need one")
+    return tok
+
+
+def load_causal_lm(path: Path, dtype: str = "float32", lora: LoraSettings | None = None,
+                   gradient_checkpointing: bool = False):
+    """An HF causal LM from ``path``, optionally wrapped with LoRA adapters (peft)."""
+    from transformers import AutoModelForCausalLM
+
+    if dtype not in _DTYPES:
+        raise ValueError(f"model.dtype={dtype!r}; expected one of {sorted(_DTYPES)}")
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=_DTYPES[dtype])
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    if lora is not None and lora.enable:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(
+            r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+            target_modules=list(lora.target_modules), task_type="CAUSAL_LM",
+        ))
+    return model
+
+
+def decoder_of(model):
+    """The transformer body (no LM head) of a causal LM, through a peft wrapper if any."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    body = getattr(base, "model", None)
+    if body is None:
+        body = base.get_decoder()
+    return body

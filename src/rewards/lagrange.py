@@ -1,0 +1,98 @@
+"""Dual ascent on the tool budget, and the running averages the λ callback keeps.
+
+The router maximises r_task − λ·cost subject to E[cost] ≤ B; λ moves by projected gradient
+ascent on the dual: λ ← max(0, λ + η·(Ê[cost] − B)). λ grows while the policy overspends and
+decays to 0 once it is under budget.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+__all__ = ["EMA", "RunningMean", "lagrange_update"]
+
+
+def _finite(name: str, value: float) -> float:
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    return value
+
+
+def lagrange_update(lam: float, mean_cost: float, budget: float, lr: float) -> float:
+    """max(0, lam + lr · (mean_cost − budget)).
+
+    Raises ValueError for a negative λ or learning rate, or any non-finite input.
+    """
+    lam, mean_cost = _finite("lam", lam), _finite("mean_cost", mean_cost)
+    budget, lr = _finite("budget", budget), _finite("lr", lr)
+    if lam < 0:
+        raise ValueError(f"lam must be >= 0, got {lam}")
+    if lr < 0:
+        raise ValueError(f"lr must be >= 0, got {lr}")
+    return max(0.0, lam + lr * (mean_cost - budget))
+
+
+class RunningMean:
+    """Exact mean of everything seen since the last reset (weighted by counts)."""
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self.count = 0.0
+
+    def update(self, value: float, count: float = 1.0) -> float:
+        """Add ``value`` as the mean of ``count`` observations; returns the new mean."""
+        value, count = _finite("value", value), _finite("count", count)
+        if count < 0:
+            raise ValueError(f"count must be >= 0, got {count}")
+        self.total += value * count
+        self.count += count
+        return self.value
+
+    @property
+    def value(self) -> float:
+        """The mean so far (NaN before any observation)."""
+        return self.total / self.count if self.count > 0 else math.nan
+
+    def reset(self) -> None:
+        self.total, self.count = 0.0, 0.0
+
+    def state_dict(self) -> dict[str, float]:
+        return {"total": self.total, "count": self.count}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        _check_keys("RunningMean", state, {"total", "count"})
+        self.total, self.count = float(state["total"]), float(state["count"])
+
+
+class EMA:
+    """Exponential moving average m ← decay·m + (1−decay)·x, started at the first value."""
+
+    def __init__(self, decay: float = 0.9) -> None:
+        decay = _finite("decay", decay)
+        if not 0.0 <= decay < 1.0:
+            raise ValueError(f"EMA decay must be in [0, 1), got {decay}")
+        self.decay = decay
+        self.value = math.nan
+        self.steps = 0
+
+    def update(self, value: float) -> float:
+        """Fold in one value; returns the new average."""
+        value = _finite("value", value)
+        self.value = value if self.steps == 0 else self.decay * self.value + (1.0 - self.decay) * value
+        self.steps += 1
+        return self.value
+
+    def state_dict(self) -> dict[str, float]:
+        return {"decay": self.decay, "value": self.value, "steps": self.steps}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        _check_keys("EMA", state, {"decay", "value", "steps"})
+        self.decay, self.value, self.steps = float(state["decay"]), float(state["value"]), int(state["steps"])
+
+
+def _check_keys(owner: str, state: dict[str, Any], expected: set[str]) -> None:
+    if not isinstance(state, dict) or set(state) != expected:
+        got = sorted(state) if isinstance(state, dict) else type(state).__name__
+        raise ValueError(f"{owner}.load_state_dict: expected keys {sorted(expected)}, got {got}")

@@ -1,0 +1,72 @@
+"""The typed rollout batch that the rollout callback hands to ``training_step``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass
+class RouterRollout:
+    """Router decisions for the N rollouts of a step (P prompts × G copies, prompt-major).
+
+    prompt_ids / prompt_mask: [P, Lp] the original (un-routed) prompts, left-padded; the router
+        reads these again in ``training_step`` to get logits with gradients.
+    prompt_index: [N] long, which of the P prompts each rollout came from.
+    action: [N] long route; log_prob: [N] at sampling time; reward: [N] r_router; cost: [N].
+    target: [N] long weak label (-1 for MIXED / unlabelled).
+    """
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    prompt_index: torch.Tensor
+    action: torch.Tensor
+    log_prob: torch.Tensor
+    reward: torch.Tensor
+    cost: torch.Tensor
+    target: torch.Tensor
+
+
+@dataclass
+class RolloutBatch:
+    """N sequences ``[prompt | response]`` with everything the losses need.
+
+    input_ids / attention_mask: [N, Lp + T]; prompts left-padded to Lp, responses right-padded to T.
+    response_mask: [N, T] 1 on tokens that are trained on (generated tokens; 0 on padding and on
+        environment observations in multi-step episodes).
+    rewards: [N] the actor's scalar reward; uids: group id per row (GRPO groups).
+    rollout_log_probs: [N, T] log-probs under the sampling distribution (diagnostic).
+    token_advantages: [N, T] when the estimator is token/step level (RLVCR); else None and the
+        module broadcasts per-sequence advantages.
+    rows: per-rollout records for the rollout log (text, route, reward parts, ...).
+    metrics: scalars to log for this step (rollout side).
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    response_mask: torch.Tensor
+    rewards: torch.Tensor
+    uids: list[Any]
+    rollout_log_probs: torch.Tensor
+    router: RouterRollout | None = None
+    token_advantages: torch.Tensor | None = None
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def prompt_width(self) -> int:
+        return self.input_ids.shape[1] - self.response_mask.shape[1]
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+
+def assemble_sequences(prompts: list[list[int]], responses: torch.Tensor, response_mask: torch.Tensor,
+                       pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad prompts and append right-padded responses. -> (input_ids, attention_mask) [N, Lp+T]."""
+    from src.rollout.engine import left_pad
+
+    p_ids, p_mask = left_pad(prompts, pad_id)
+    return torch.cat([p_ids, responses], dim=1), torch.cat([p_mask, response_mask.long()], dim=1)

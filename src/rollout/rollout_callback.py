@@ -1,0 +1,39 @@
+"""Lightning callback that produces the rollout batch before each training step."""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+import lightning.pytorch as pl
+import torch
+
+log = logging.getLogger(__name__)
+
+
+class RolloutCallback(pl.Callback):
+    """Calls ``collector.collect(records, step, lam)`` in ``on_train_batch_start`` and attaches the
+    result to the module as ``rollout_batch``; syncs the engine's weights after each step.
+
+    ``collector_factory(pl_module)`` builds the collector once the module is on its device (the
+    engine generates with the module's own actor, or a vLLM copy kept in sync).
+    """
+
+    def __init__(self, collector_factory: Callable[[pl.LightningModule], object], seed: int = 0):
+        self.collector_factory = collector_factory
+        self.collector = None
+        self.seed = seed
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        self.collector = self.collector_factory(pl_module)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + trainer.global_step)
+        torch.manual_seed(self.seed * 1_000_003 + trainer.global_step)  # sampling in generate
+        pl_module.rollout_batch = self.collector.collect(
+            batch, step=trainer.global_step, lam=float(pl_module.lagrange_lambda), generator=generator)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        engine = getattr(self.collector, "engine", None)
+        if engine is not None and type(engine).__name__ != "HFGenerateEngine":
+            engine.update_weights({k: v.detach() for k, v in pl_module.actor.state_dict().items()})
