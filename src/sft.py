@@ -36,9 +36,16 @@ class SFTModule(pl.LightningModule):
         self.model, self.lr, self.weight_decay = model, lr, weight_decay
 
     def training_step(self, batch, batch_idx):
-        out = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"])
-        self.log("train/sft_loss", out.loss, prog_bar=True, on_step=True, batch_size=batch["input_ids"].shape[0])
-        return out.loss
+        from src.models.loading import decoder_of
+
+        # The LM head runs only where there is a target: prompts are most of each sequence.
+        hidden = decoder_of(self.model)(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
+        labels = batch["labels"][:, 1:]
+        keep = labels != -100
+        logits = self.model.get_output_embeddings()(hidden[:, :-1][keep])
+        loss = torch.nn.functional.cross_entropy(logits.float(), labels[keep])
+        self.log("train/sft_loss", loss, prog_bar=True, on_step=True, batch_size=batch["input_ids"].shape[0])
+        return loss
 
     def configure_optimizers(self):
         return torch.optim.AdamW(self.model.parameters(), lr=self.lr, weight_decay=self.weight_decay)
@@ -59,14 +66,15 @@ def sft_examples(records: list[dict[str, Any]], route_augment: bool, families=No
         return [(r["messages"], r["ground_truth"]) for r in records]
     from src.datamodules.gpt_oss import convert_ground_truth
     from src.rewards.dispatch import response_format
-    from src.rewards.tool_families import weak_label
+    from src.rewards.tool_families import tool_descriptions, weak_label
     from src.rollout.route_prompts import route_messages
     from src.rollout.routes import Route
 
     pairs = []
     for r in records:
         fmt = response_format(r["data_source"])
-        label = weak_label(r["ground_truth"], families)
+        system = next(m["content"] for m in r["messages"] if m["role"] == "system")
+        label = weak_label(r["ground_truth"], families, fmt=fmt, descriptions=tool_descriptions(system))
         direct = DIRECT_ANSWER_XML if fmt == "xml" else convert_ground_truth(DIRECT_ANSWER_XML)
         route = lambda a: route_messages(r["messages"], a, families, fmt=fmt)  # noqa: E731
         if label == "ANSWER":

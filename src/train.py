@@ -57,6 +57,11 @@ def data_files(cfg: DictConfig) -> tuple[list[str], list[str]]:
 
 
 def build_datamodule(cfg: DictConfig, tokenizer):
+    if cfg.data.kind == "seeds":  # multi-step episodes: records are env seeds, not prompts
+        from src.datamodules.seeds import SeedDataModule
+
+        return SeedDataModule(n_seeds=cfg.data.n_seeds, batch_size=cfg.data.batch_size,
+                              seed=cfg.data.get("seed", cfg.seed), shuffle=cfg.data.get("shuffle", True))
     from src.datamodules.rlla_datamodule import RLLADataModule
 
     train_files, val_files = data_files(cfg)

@@ -11,11 +11,11 @@ log = logging.getLogger(__name__)
 
 
 def _synthetic_files(cfg: DictConfig) -> tuple[list[str], list[str]]:
-    from src.datamodules.synthetic import write_synthetic_rlla
+    from src.datamodules.synthetic import GENERATOR_VERSION, write_synthetic_rlla
 
     s = cfg.data.synthetic
     out = Path(cfg.cache_dir) / "data" / (
-        f"synthetic-n{s.n_train}-{s.n_test}-s{s.seed}-p{s.p_search}-{s.p_calculate}-{s.p_answer}")
+        f"synthetic-v{GENERATOR_VERSION}-n{s.n_train}-{s.n_test}-s{s.seed}-p{s.p_search}-{s.p_calculate}-{s.p_answer}")
     train, test = out / "train.parquet", out / "test.parquet"
     if not (train.exists() and test.exists()):
         write_synthetic_rlla(out, n_train=s.n_train, n_test=s.n_test, seed=s.seed, p_search=s.p_search,

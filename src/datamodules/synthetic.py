@@ -1,7 +1,7 @@
 """Synthetic RLLA rows: short tool-use prompts whose right action is clear from the request.
 
-Each row lists 2-3 tools (at most 5 parameters in all, to keep prompts short) from a fixed catalogue (search-, calculate- and other-family) in the
-RLLA system-prompt layout, and asks for one of
+Each row lists 2-3 tools (at most 5 parameters in all, to keep prompts short) from a fixed
+catalogue (search-, calculate- and other-family) in the RLLA system-prompt layout, and asks for one of
     search      e.g. "weather in Oslo"        -> one call of a search tool, query copied from the request
     calculate   e.g. "convert 5 km to miles"  -> one call of a calculate tool, numbers copied
     answer      greeting / chit-chat / simple fact -> <response> only, no tool
@@ -41,6 +41,10 @@ __all__ = [
 
 FAMILIES = ("search", "calculate", "other")
 TASK_KINDS = ("search", "calculate", "answer")
+
+
+# Bump when the generated text changes: cache keys (tiny tokenizer, cached data) include it.
+GENERATOR_VERSION = 1
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,7 @@ def load_causal_lm(path: Path, dtype: str = "float32", lora: LoraSettings | None
     if dtype not in _DTYPES:
         raise ValueError(f"model.dtype={dtype!r}; expected one of {sorted(_DTYPES)}")
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=_DTYPES[dtype])
+    model.train()  # from_pretrained returns eval mode; the trainer owns the mode from here
     if gradient_checkpointing:
         model.gradient_checkpointing_enable()
     if lora is not None and lora.enable:

@@ -52,7 +52,10 @@ class TinyModelSpec:
     corpus_rows: int = 2000
 
     def fingerprint(self) -> str:
-        return hashlib.sha1(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:10]
+        from src.datamodules.synthetic import GENERATOR_VERSION
+
+        key = {**asdict(self), "corpus_version": GENERATOR_VERSION}
+        return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
 
 
 def build_tiny_tokenizer(corpus: Iterable[str], vocab_size: int = 4096):

@@ -59,6 +59,7 @@ class SingleTurnCollector:
     @torch.no_grad()
     def collect(self, records: list[dict[str, Any]], step: int, lam: float = 0.0,
                 generator: torch.Generator | None = None) -> RolloutBatch:
+        from src.rewards.tool_families import tool_descriptions
         from src.rewards.tool_usage import tool_usage
 
         g = self.sampling.n
@@ -92,7 +93,8 @@ class SingleTurnCollector:
                    "response_length": len(tokens), "reward_task": parts.total, "reward_format": parts.format,
                    "reward_correctness": parts.correctness, "reward_length": parts.length}
             if self.families is not None:
-                usage = tool_usage(text, self.families, fmt=response_format(rec["data_source"]))
+                usage = tool_usage(text, self.families, fmt=response_format(rec["data_source"]),
+                                   descriptions=tool_descriptions(rec["messages"][0]["content"]))
                 cost = float(self.cost_fn(usage)) if self.cost_fn else float(usage.used_any_tool)
                 row.update(used_tool=usage.used_any_tool, used_search=usage.used_search,
                            used_calculate=usage.used_calculate, n_tool_calls=usage.n_calls, cost=cost)

@@ -1,0 +1,95 @@
+"""Benchmark the training loop: s/step split into generation / scoring / training, tokens/s,
+peak memory and MFU against the device's measured matmul rate.
+
+    python scripts/benchmark.py experiment=router_grpo trainer.max_steps=6 [more overrides]
+
+Prints one JSON line (append it to docs/benchmarks.md with date, device and commit). The first
+step is treated as warm-up and left out of the averages.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def matmul_tflops(dtype: torch.dtype, device: str, n: int = 4096, iters: int = 20) -> float:
+    """Measured dense matmul rate of the device for ``dtype`` (TFLOP/s)."""
+    if device == "cpu":
+        n, iters = 1024, 5
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    for _ in range(2):
+        a @ b
+    if device == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        a @ b
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return 2 * n**3 * iters / (time.perf_counter() - t0) / 1e12
+
+
+def main(overrides: list[str]) -> dict:
+    from hydra import compose, initialize_config_dir
+
+    from src.train import train
+
+    repo = Path(__file__).resolve().parents[1]
+    run_dir = tempfile.mkdtemp(prefix="toolrouter-bench-")
+    with initialize_config_dir(config_dir=str(repo / "configs"), version_base="1.3"):
+        cfg = compose("train", overrides=[f"run_dir={run_dir}", f"cache_dir={repo / '.cache' / 'toolrouter'}",
+                                          "name=benchmark", *overrides])
+    device = "cuda" if torch.cuda.is_available() and cfg.trainer.accelerator in ("gpu", "cuda", "auto") else "cpu"
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    _, objects = train(cfg)
+    module = objects["module"]
+    series = scalar_series(Path(run_dir))
+
+    def avg(tag: str) -> float:
+        values = [v for _, v in series.get(tag, [])][1:] or [v for _, v in series.get(tag, [])]
+        return sum(values) / len(values) if values else float("nan")
+
+    n_params = sum(p.numel() for p in module.actor.parameters())
+    step_s = avg("timing/step_s")
+    tokens = avg("train/tokens_per_sec") * step_s  # tokens processed per step (prompt + response)
+    gen_tokens = avg("rollout/generated_tokens")
+    # forward 2N per token for generation and the two frozen passes; forward+backward 6N for training
+    flops = 2 * n_params * gen_tokens + (2 * 2 + 6) * n_params * tokens
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    peak = matmul_tflops(dtype, device)
+    result = {
+        "overrides": overrides, "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        "params": n_params, "steps": cfg.trainer.max_steps, "s_per_step": step_s,
+        "generation_s": avg("timing/generation_s"), "scoring_s": avg("timing/scoring_s"),
+        "training_s": avg("timing/training_s"), "tokens_per_s": avg("train/tokens_per_sec"),
+        "peak_mem_gib": (torch.cuda.max_memory_allocated() if device == "cuda"
+                         else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024) / 2**30,
+        "matmul_tflops": peak, "mfu": flops / step_s / (peak * 1e12) if step_s == step_s else float("nan"),
+        "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True,
+                                 text=True).stdout.strip(),
+        "date": time.strftime("%Y-%m-%d"),
+    }
+    print(json.dumps(result))
+    return result
+
+
+def scalar_series(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    from src.analysis import load_scalars
+
+    return load_scalars(run_dir)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

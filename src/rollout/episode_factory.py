@@ -1,0 +1,65 @@
+"""Build the ``EpisodeCollector`` from config (``cfg.env`` enabled; see configs/env/*.yaml).
+
+``cfg.env`` is flat: ``id`` picks the environment (``local/<game>`` or ``mlgym/<task>``); keys the
+env's constructor knows (``LocalGameConfig`` fields, or ``MLGymAdapter`` keyword arguments) go to
+it; the episode keys below go to ``EpisodeSettings``. The GRPO group size is ``cfg.rollout.n``;
+``env.temperatures: null`` means ``rollout.temperature``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from src.rollout.envs.registry import make_env
+from src.rollout.episode_collector import EpisodeCollector, EpisodeSettings
+from src.rollout.episode_prompts import EpisodeTemplates
+
+# Keys of cfg.env that are not environment constructor arguments.
+_EPISODE_KEYS = {"enable", "id", "token_budget", "turn_cap", "temperatures", "baseline", "env_workers",
+                 "templates"}
+
+
+def env_kwargs(env_id: str, env_cfg: dict[str, Any]) -> dict[str, Any]:
+    """The entries of ``env_cfg`` that the constructor behind ``env_id`` accepts (others are rejected)."""
+    backend = env_id.partition("/")[0]
+    if backend == "local":
+        from src.rollout.envs.local_game import LocalGameConfig
+
+        accepted = {f.name for f in dataclasses.fields(LocalGameConfig)} - {"game"}
+    else:
+        from src.rollout.envs.mlgym_adapter import MLGymAdapter
+
+        accepted = set(inspect.signature(MLGymAdapter.__init__).parameters) - {"self", "task"}
+    extra = {k: v for k, v in env_cfg.items() if k not in _EPISODE_KEYS}
+    unknown = sorted(set(extra) - accepted)
+    if unknown:
+        raise KeyError(f"env config keys {unknown} are not accepted by {env_id!r}; known: {sorted(accepted)}")
+    return extra
+
+
+def settings_from(cfg: DictConfig) -> EpisodeSettings:
+    e = cfg.env
+    temps = e.get("temperatures")
+    if temps is None:
+        temps = cfg.rollout.temperature
+    elif not isinstance(temps, (int, float)):
+        temps = [float(t) for t in temps]
+    return EpisodeSettings(group_size=int(cfg.rollout.n), temperatures=temps, top_p=float(cfg.rollout.top_p),
+                           token_budget=int(e.token_budget), turn_cap=int(e.turn_cap),
+                           baseline=None if e.get("baseline") is None else float(e.baseline),
+                           env_workers=int(e.get("env_workers", 1)))
+
+
+def make_episode_collector(cfg: DictConfig, tokenizer, engine, module) -> EpisodeCollector:
+    """Collector for ``cfg.env``; ``module`` is unused (the engine already generates with it)."""
+    env_cfg = OmegaConf.to_container(cfg.env, resolve=True)
+    env_id = str(env_cfg["id"])
+    kwargs = env_kwargs(env_id, env_cfg)
+    templates = EpisodeTemplates(**(env_cfg.get("templates") or {}))
+    factory = functools.partial(make_env, env_id, **kwargs)
+    return EpisodeCollector(tokenizer, engine, factory, settings_from(cfg), templates)

@@ -1,0 +1,33 @@
+"""Helpers for tests that run scripts/train.py as a real subprocess."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CACHE = REPO / ".cache" / "toolrouter"
+
+
+def train_cmd(*overrides: str) -> list[str]:
+    return [sys.executable, str(REPO / "scripts" / "train.py"), f"cache_dir={CACHE}", *overrides]
+
+
+def run_train(*overrides: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    proc = subprocess.run(train_cmd(*overrides), cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return proc
+
+
+def scalars(run_dir: Path, sub: str = "tensorboard") -> dict[str, list[tuple[int, float]]]:
+    """All scalar series of a run's TensorBoard event files: tag -> [(step, value)]."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out: dict[str, list[tuple[int, float]]] = {}
+    for events in sorted((run_dir / sub).glob("events.out.tfevents.*")):
+        acc = EventAccumulator(str(events), size_guidance={"scalars": 0})
+        acc.Reload()
+        for tag in acc.Tags()["scalars"]:
+            out.setdefault(tag, []).extend((e.step, e.value) for e in acc.Scalars(tag))
+    return out

@@ -1,0 +1,107 @@
+"""notebooks/routing_analysis.ipynb executed headless on a real router run; src.analysis tables."""
+
+from __future__ import annotations
+
+import random
+
+import pandas as pd
+import pytest
+
+from jobhelpers import REPO, run_train
+
+NOTEBOOK = REPO / "notebooks" / "routing_analysis.ipynb"
+RUN_OVERRIDES = ["experiment=router_grpo", "trainer.max_steps=2", "sft.max_steps=2", "data.batch_size=2",
+                 "rollout.max_new_tokens=16"]
+FIGURES = {"route_mix", "lambda_cost", "reward_by_route", "route_vs_weak_label"}
+
+
+@pytest.fixture(scope="module")
+def router_run(tmp_path_factory):
+    """The same short run as tests/scripts/test_infer_evaluate.py (trained once per pytest session)."""
+    run_dir = tmp_path_factory.getbasetemp() / "shared_router_run"
+    if not (run_dir / "checkpoints" / "last.ckpt").exists():
+        run_train(*RUN_OVERRIDES, f"run_dir={run_dir}")
+    return run_dir
+
+
+def test_notebook_runs_headless_and_draws_every_figure(router_run, tmp_path):
+    import nbformat
+    from nbclient import NotebookClient
+
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    assert "RUN_DIR" in nb.cells[0].source and "parameters" in nb.cells[0].metadata.get("tags", [])
+    figures = tmp_path / "figures"
+    nb.cells[0].source = f"RUN_DIR = {str(router_run)!r}\nSAVE_DIR = {str(figures)!r}"
+    NotebookClient(nb, timeout=240, kernel_name="python3",
+                   resources={"metadata": {"path": str(NOTEBOOK.parent)}}).execute()
+    outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.outputs]
+    assert not [o for o in outputs if o.output_type == "error"]
+    assert sum("image/png" in o.get("data", {}) for o in outputs) == len(FIGURES)
+    assert {p.stem for p in figures.glob("*.png")} == FIGURES
+    assert all(p.stat().st_size > 5000 for p in figures.glob("*.png"))
+    text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
+    assert f"run: {router_run}" in text and "budget B: 0.3" in text
+    # every rollout of the run got a weak label through the join with its training data
+    n_rollouts = len(pd.concat([pd.read_parquet(p) for p in (router_run / "rollouts").glob("*.parquet")]))
+    assert f"rollouts with a weak label: {n_rollouts}" in text
+
+
+def test_run_artifacts_load_as_tables(router_run):
+    from src import analysis as an
+
+    rollouts = an.load_rollouts(router_run)
+    scalars = an.load_scalars(router_run)
+    assert sorted(rollouts["step"].unique()) == [0, 1] and len(rollouts) == 2 * 2 * 4
+    for tag in ("train/lambda", "train/cost_mean", "train/route_frac_answer"):
+        assert tag in scalars.columns
+    mix = an.route_mix_by_step(rollouts)
+    assert list(mix.columns) == ["answer", "search", "calculate"]
+    assert ((mix.sum(axis=1) - 1).abs() < 1e-9).all()
+    # the logged route fractions agree with the rollout log
+    for route in mix.columns:
+        assert mix[route].to_numpy() == pytest.approx(scalars.loc[mix.index, f"train/route_frac_{route}"].to_numpy(),
+                                                      abs=1e-6)
+    labels = an.weak_labels_for_run(an.load_manifest(router_run))
+    assert set(rollouts["uid"]) <= set(labels)
+
+
+def _random_rollouts(seed: int, n: int = 60) -> pd.DataFrame:
+    rng = random.Random(seed)
+    return pd.DataFrame({
+        "step": [rng.randint(0, 4) for _ in range(n)],
+        "uid": [rng.randint(0, 9) for _ in range(n)],
+        "route": [rng.choice(["answer", "search", "calculate"]) for _ in range(n)],
+        "reward_task": [rng.uniform(-3, 4) for _ in range(n)],
+        "weak_label": [rng.choice(["ANSWER", "SEARCH", "CALCULATE", "MIXED", None]) for _ in range(n)],
+    })
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_confusion_and_accuracy_match_a_plain_loop(seed):
+    from src import analysis as an
+
+    df = _random_rollouts(seed)
+    table = an.confusion_table(df)
+    counts = {}
+    for label, route in zip(df["weak_label"], df["route"]):
+        if not pd.isna(label):
+            counts[(label, route)] = counts.get((label, route), 0) + 1
+    for label in an.WEAK_LABELS:
+        for route in an.ROUTES:
+            assert table.loc[label, route] == counts.get((label, route), 0)
+    pairs = [(lab, r) for lab, r in zip(df["weak_label"], df["route"]) if not pd.isna(lab) and lab != "MIXED"]
+    accuracy, n = an.route_accuracy(table)
+    assert n == len(pairs) and accuracy == pytest.approx(sum(lab.lower() == r for lab, r in pairs) / len(pairs))
+
+
+def test_weak_label_join_keeps_logged_labels_and_fills_missing_ones():
+    from src import analysis as an
+
+    df = pd.DataFrame({"uid": [1, 2, 3], "route": ["answer"] * 3, "weak_label": ["SEARCH", None, None]})
+    out = an.with_weak_labels(df, {1: "ANSWER", 2: "CALCULATE"})
+    assert out["weak_label"].tolist() == ["SEARCH", "CALCULATE", None]
+    assert df["weak_label"].tolist() == ["SEARCH", None, None]  # input untouched
+    assert an.route_accuracy(an.confusion_table(pd.DataFrame()))[0] is None
+    assert an.weak_labels_for_run({}) == {}
+    summary = an.evaluation_summary(pd.DataFrame())
+    assert summary["n"] == 0 and summary["route_mix"] is None
