@@ -25,16 +25,16 @@ __all__ = [
     "load_manifest",
     "load_rollouts",
     "load_scalars",
-    "png_bytes",
     "plot_confusion",
     "plot_lambda_cost",
     "plot_reward_by_route",
     "plot_route_mix",
+    "png_bytes",
     "reward_by_route",
     "route_accuracy",
     "route_mix_by_step",
-    "weak_labels_from_records",
     "weak_labels_for_run",
+    "weak_labels_from_records",
     "with_weak_labels",
 ]
 

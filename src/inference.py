@@ -63,7 +63,8 @@ def resolve_run(run_dir_or_ckpt: str | Path) -> tuple[Path, dict[str, Any]]:
     if not manifest_path.is_file():
         raise FileNotFoundError(f"{manifest_path} not found: the run's resolved config is needed to rebuild the model")
     manifest = yaml.safe_load(manifest_path.read_text()) or {}
-    if not isinstance(manifest.get("config"), Mapping):
+    has_config = isinstance(manifest, Mapping) and isinstance(manifest.get("config"), Mapping)
+    if not has_config:
         raise ValueError(f"{manifest_path}: no 'config' mapping (is this a toolrouter manifest?)")
     return ckpt, manifest
 

@@ -76,7 +76,10 @@ def sft_examples(records: list[dict[str, Any]], route_augment: bool, families=No
         system = next(m["content"] for m in r["messages"] if m["role"] == "system")
         label = weak_label(r["ground_truth"], families, fmt=fmt, descriptions=tool_descriptions(system))
         direct = DIRECT_ANSWER_XML if fmt == "xml" else convert_ground_truth(DIRECT_ANSWER_XML)
-        route = lambda a: route_messages(r["messages"], a, families, fmt=fmt)  # noqa: E731
+
+        def route(action, messages=r["messages"], fmt=fmt):
+            return route_messages(messages, action, families, fmt=fmt)
+
         if label == "ANSWER":
             pairs += [(route(Route.ANSWER), r["ground_truth"]), (route(Route.SEARCH), r["ground_truth"]),
                       (route(Route.CALCULATE), r["ground_truth"])]

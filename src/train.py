@@ -20,7 +20,6 @@ from src.callbacks.progress import StepProgressBar
 from src.models.config import AlgorithmConfig, OptimConfig, RouterHeadConfig
 from src.models.loading import LoraSettings, load_causal_lm, load_tokenizer, resolve_model_path
 from src.models.tiny import TinyModelSpec
-from src.rewards.types import RewardConfig
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +124,10 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
         return run_sft(cfg)
     path = model_dir(cfg)
     tokenizer = load_tokenizer(path)
+    if cfg.data.get("format") == "harmony":
+        from src.models.tokens import harmony_token_ids
+
+        log.info("harmony token ids: %s", harmony_token_ids(tokenizer))
     datamodule = build_datamodule(cfg, tokenizer)
     module = build_module(cfg, path)
     callbacks = build_rl_callbacks(cfg, tokenizer, path)

@@ -41,3 +41,30 @@ def tiny(tiny_model_dir):
     from src.models.loading import load_causal_lm, load_tokenizer
 
     return load_causal_lm(tiny_model_dir), load_tokenizer(tiny_model_dir)
+
+
+ROUTER_RUN_OVERRIDES = ["experiment=router_grpo", "sft.max_steps=2", "data.batch_size=2", "rollout.max_new_tokens=16",
+                        "router.lambda_lr=5.0", "trainer.save_freq=2"]
+
+
+@pytest.fixture(scope="session")
+def router_run_with_resume(tmp_path_factory):
+    """A short router_grpo run (tiny SFT warm start): 4 steps, then resumed to 6.
+
+    Returns (run_dir, the checkpoint dict at step 4). Shared by the router job, infer/evaluate and
+    notebook tests so the session trains it once.
+    """
+    import torch
+
+    from jobhelpers import run_train
+
+    run_dir = tmp_path_factory.getbasetemp() / "shared_router_run"
+    run_train(*ROUTER_RUN_OVERRIDES, f"run_dir={run_dir}", "trainer.max_steps=4")
+    first = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    run_train(*ROUTER_RUN_OVERRIDES, f"run_dir={run_dir}", "trainer.max_steps=6", "resume=true")
+    return run_dir, first
+
+
+@pytest.fixture(scope="session")
+def router_run(router_run_with_resume):
+    return router_run_with_resume[0]

@@ -6,22 +6,10 @@ import random
 
 import pandas as pd
 import pytest
-
-from jobhelpers import REPO, run_train
+from jobhelpers import REPO
 
 NOTEBOOK = REPO / "notebooks" / "routing_analysis.ipynb"
-RUN_OVERRIDES = ["experiment=router_grpo", "trainer.max_steps=2", "sft.max_steps=2", "data.batch_size=2",
-                 "rollout.max_new_tokens=16"]
 FIGURES = {"route_mix", "lambda_cost", "reward_by_route", "route_vs_weak_label"}
-
-
-@pytest.fixture(scope="module")
-def router_run(tmp_path_factory):
-    """The same short run as tests/scripts/test_infer_evaluate.py (trained once per pytest session)."""
-    run_dir = tmp_path_factory.getbasetemp() / "shared_router_run"
-    if not (run_dir / "checkpoints" / "last.ckpt").exists():
-        run_train(*RUN_OVERRIDES, f"run_dir={run_dir}")
-    return run_dir
 
 
 def test_notebook_runs_headless_and_draws_every_figure(router_run, tmp_path):
@@ -51,7 +39,7 @@ def test_run_artifacts_load_as_tables(router_run):
 
     rollouts = an.load_rollouts(router_run)
     scalars = an.load_scalars(router_run)
-    assert sorted(rollouts["step"].unique()) == [0, 1] and len(rollouts) == 2 * 2 * 4
+    assert sorted(rollouts["step"].unique()) == list(range(6)) and len(rollouts) == 6 * 2 * 4
     for tag in ("train/lambda", "train/cost_mean", "train/route_frac_answer"):
         assert tag in scalars.columns
     mix = an.route_mix_by_step(rollouts)
@@ -100,8 +88,20 @@ def test_weak_label_join_keeps_logged_labels_and_fills_missing_ones():
     df = pd.DataFrame({"uid": [1, 2, 3], "route": ["answer"] * 3, "weak_label": ["SEARCH", None, None]})
     out = an.with_weak_labels(df, {1: "ANSWER", 2: "CALCULATE"})
     assert out["weak_label"].tolist() == ["SEARCH", "CALCULATE", None]
-    assert df["weak_label"].tolist() == ["SEARCH", None, None]  # input untouched
+    assert df["weak_label"].isna().tolist() == [False, True, True]  # input untouched
     assert an.route_accuracy(an.confusion_table(pd.DataFrame()))[0] is None
     assert an.weak_labels_for_run({}) == {}
     summary = an.evaluation_summary(pd.DataFrame())
     assert summary["n"] == 0 and summary["route_mix"] is None
+
+
+def test_default_run_dir_is_the_newest_run_above_the_working_dir(tmp_path):
+    from src import analysis as an
+
+    runs = tmp_path / "outputs" / "router_grpo"
+    for stamp, sub in [("2026-01-01_00-00-00", "rollouts"), ("2026-02-01_00-00-00", "checkpoints"),
+                       ("2026-03-01_00-00-00", "notes")]:  # the last is not a run: no rollouts/checkpoints
+        (runs / stamp / sub).mkdir(parents=True)
+    (tmp_path / "notebooks").mkdir()
+    assert an.default_run_dir(tmp_path / "notebooks") == runs / "2026-02-01_00-00-00"
+    assert an.default_run_dir(tmp_path / "notebooks", experiment="grpo") is None

@@ -7,7 +7,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -26,7 +25,7 @@ def scalars(run_dir: Path) -> dict[str, list[float]]:
     return out
 
 
-@pytest.mark.slow
+
 def test_rlvcr_experiment_runs_two_steps(tmp_path):
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "scripts/train.py", "experiment=rlvcr", "trainer.max_steps=2", f"run_dir={run_dir}",

@@ -4,17 +4,18 @@ Setup (seeded, CPU, a few seconds):
     Prompts: 48 synthetic RLLA rows (``generate_rlla_rows``), a third each search, calculate and
         answer. Half of the search and half of the calculate rows are *high gain* (the scripted
         model writes the ground-truth call: reward 4 vs −3 for answering), the other half *low
-        gain* (it calls the right tool with a made-up argument: about −0.5 vs −3). True family =
+        gain* (it calls the right tool with a made-up argument: −0.8…0 vs −3). True family =
         the weak label of the ground truth (``weak_label``).
     Generation: ``ScriptedResponder`` writes the response text per (prompt, route); its reward
         and tool cost come from the real ``rlla.compute_score``, ``tool_usage`` and the
         ``any_tool`` cost, precomputed once per (prompt, route) in ``route_table``.
     Representation: each prompt is a left-padded token sequence whose last token is its own; a
         frozen embedding table is the "backbone", so the pooled hidden state of a prompt is its
-        kind's random vector plus per-prompt noise (junk on the other tokens). A tiny random
-        transformer's last-token states are dominated by the final punctuation token and do not
-        separate kinds reliably; a trained LM would, and that is what this stands in for — the
-        test is about the RL and dual updates, not about representation learning.
+        kind's random vector plus per-prompt noise (junk on the other tokens). Not a tiny random
+        transformer: its states carry no learned notion of prompt kind, so whether they separate
+        kinds would depend on surface tokens and on the seed; a trained LM's states would, and
+        that is what this stands in for — the test is about the RL and dual updates, not about
+        representation learning.
     Router path: the module's own ``ToolRouterModule.router_logits`` and ``_router_loss`` (GRPO
         advantages grouped by the row's ``extra_info.index``, then ``router_loss``), borrowed
         by a minimal host object whose actor is the frozen embedding; Adam on the real
@@ -36,7 +37,7 @@ from torch import nn
 
 from src.callbacks.lagrange_callback import LagrangeCallback
 from src.datamodules.synthetic import generate_rlla_rows, ground_truth_family
-from src.models.advantages import grpo_advantage, group_ids
+from src.models.advantages import group_ids, grpo_advantage
 from src.models.losses import router_loss
 from src.models.module import ToolRouterModule
 from src.models.router_head import RouterHead
@@ -193,6 +194,178 @@ def train(world: World, budget: float, steps: int = 300, prompts: int = 16, copi
     return Run(expected, sum(costs[-window:]) / window, probs, lambdas, costs, time.perf_counter() - start)
 
 
+# Chosen on a 12-seed sweep: all pass; entropy 0.3 or 0.7 pass 10/12, and the config default
+# 0.01 fails half the seeds (a route whose group samples all agree gets no GRPO gradient, so a
+# prompt that committed before λ moved never re-opens the other route).
+CONFIG = {"steps": 300, "prompts": 16, "copies": 8, "k": 5, "eta": 1.0, "lr": 3e-3, "entropy_coef": 0.5}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # the tensors are tiny: extra threads only contend for the shared cores (20x slower here)
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def world() -> World:
     return build_world()
+
+
+def gains(world: World) -> torch.Tensor:
+    """[P] r_task of the true route minus r_task of ANSWER."""
+    return world.rewards[torch.arange(len(world.rows)), world.routes] - world.rewards[:, Route.ANSWER]
+
+
+# ---------------------------------------------------------------- the scripted world itself
+
+
+def test_scripted_responses_score_through_the_real_chain(world):
+    n = len(world.rows)
+    assert [int((world.kinds == k).sum()) for k in range(5)] == [8, 8, 8, 8, 16]
+    tool_rows = world.routes != Route.ANSWER
+    # ANSWER never costs; a tool route always makes one call (any_tool cost 1)
+    assert world.costs[:, Route.ANSWER].eq(0).all() and world.costs[:, 1:].eq(1).all()
+    # answering a tool row: format 0, correctness -3; an answer row answered: format 1
+    assert world.rewards[tool_rows, Route.ANSWER].eq(-3).all()
+    assert world.rewards[~tool_rows, Route.ANSWER].eq(1).all()
+    assert world.rewards[~tool_rows, 1:].eq(0).all()  # a call where none is needed: format 0
+    wrong = torch.where(world.routes == Route.SEARCH, Route.CALCULATE, Route.SEARCH)
+    assert world.rewards[tool_rows, wrong[tool_rows]].eq(-2).all()  # layout right, name wrong
+    right = world.rewards[torch.arange(n), world.routes]
+    assert right[world.high].eq(4).all()  # the ground truth itself
+    assert ((right[world.low] > -1) & (right[world.low] <= 0)).all()  # name credit only
+    g = gains(world)
+    assert float(g[world.low].max()) < float(g[world.high].min())  # the budget has a clean cut
+
+    responder = ScriptedResponder(ToolFamilies())
+    row = world.rows[int(torch.nonzero(world.high)[0])]
+    ground_truth = row["reward_model"]["ground_truth"]
+    route = int(world.routes[int(torch.nonzero(world.high)[0])])
+    assert responder.respond(row["prompt"][0]["content"], row["prompt"][1]["content"], ground_truth, route) == ground_truth
+    with pytest.raises(ValueError, match="skill"):
+        responder.respond("", "", ground_truth, route, skill="perfect")
+    # no tool of the route's family listed: a generic one is called anyway (a tool route always calls)
+    text = responder.respond("no tools here", "<user> hi </user>", "<think> x </think>\n<response> y </response>", "search")
+    assert '"name": "web_search"' in text and '"input": "hi"' in text
+    with pytest.raises(ValueError, match="row 0"):
+        route_table([{"prompt": []}], ["exact"], ToolFamilies(), make_cost_fn("any_tool"))
+    with pytest.raises(ValueError, match="2 skills for 1 rows"):
+        route_table(world.rows[:1], ["exact", "exact"], ToolFamilies(), make_cost_fn("any_tool"))
+
+
+# ---------------------------------------------------------------- the learning tests
+
+
+def test_router_meets_the_budget_and_routes_high_gain_prompts(world):
+    budget = float(world.high.float().mean())  # 1/3: tools pay only on the high-gain prompts
+    run = train(world, budget, **CONFIG)
+    route = run.probs.argmax(-1)
+
+    assert abs(run.expected_cost - budget) <= 0.05, run.expected_cost
+    assert abs(run.window_cost - budget) <= 0.05, run.window_cost
+    assert float((route[world.high] == world.routes[world.high]).float().mean()) >= 0.9
+    # the budget is spent where it pays: everything else answers directly
+    assert float((route[~world.high] == Route.ANSWER).float().mean()) >= 0.9
+    # λ settled, pricing a call between the low-gain and the high-gain prompts' gains
+    g = gains(world)
+    assert float(g[world.low].max()) < run.lambdas[-1] < float(g[world.high].min()), run.lambdas[-1]
+    assert abs(run.lambdas[-1] - run.lambdas[-51]) < 0.5
+    assert run.seconds < 20
+
+
+def test_generous_budget_keeps_lambda_at_zero_and_uses_tools_wherever_they_help(world):
+    tool_rows = world.routes != Route.ANSWER
+    budget = float(tool_rows.float().mean()) + 0.1
+    run = train(world, budget, **{**CONFIG, "steps": 150})
+    route = run.probs.argmax(-1)
+
+    assert max(run.lambdas) < 0.1 and run.lambdas[-1] == 0.0
+    assert float((route[tool_rows] == world.routes[tool_rows]).float().mean()) >= 0.9  # low gain too
+    assert float((route[~tool_rows] == Route.ANSWER).float().mean()) >= 0.9
+    assert run.expected_cost < budget
+
+
+def test_training_is_deterministic(world):
+    a = train(world, 1 / 3, **{**CONFIG, "steps": 30})
+    b = train(world, 1 / 3, **{**CONFIG, "steps": 30})
+    assert a.lambdas == b.lambdas and a.costs == b.costs and torch.equal(a.probs, b.probs)
+
+
+# ---------------------------------------------------------------- the pieces the loop relies on
+
+
+def test_module_router_loss_is_grpo_advantage_then_router_loss(world):
+    g = torch.Generator().manual_seed(3)
+    head = RouterHead(HIDDEN, mlp_hidden=32)
+    host = RouterHost(FrozenEmbeddingLM(world.embedding), head, entropy_coef=0.2)
+    idx = torch.randperm(len(world.rows), generator=g)[:6]
+    rb = rollout_batch(world, idx, 4, 1.7, g, host)
+    loss, parts = host._router_loss(rb)
+
+    with torch.no_grad():
+        logits = head(world.embedding[world.prompt_ids[idx]], world.prompt_mask[idx])[rb.router.prompt_index]
+    adv = grpo_advantage(rb.router.reward, group_ids(rb.uids))
+    expected, _ = router_loss(logits, rb.router.action, adv, entropy_coef=0.2)
+    torch.testing.assert_close(loss, expected)
+    # plain-loop reference for the policy-gradient part
+    pg = 0.0
+    for i in range(len(rb.uids)):
+        same = [j for j in range(len(rb.uids)) if rb.uids[j] == rb.uids[i]]
+        r = rb.router.reward[same]
+        a = (rb.router.reward[i] - r.mean()) / (r.std() + 1e-6)
+        pg -= float(torch.log_softmax(logits[i], -1)[rb.router.action[i]]) * float(a) / len(rb.uids)
+    assert parts["pg"].item() == pytest.approx(pg, abs=1e-5)
+    # the r_router the loop feeds in is r_task − λ·cost
+    torch.testing.assert_close(rb.router.reward, rb.rewards - 1.7 * rb.router.cost)
+
+
+class _FakeModule:
+    def __init__(self):
+        self.lagrange_lambda = torch.tensor(0.0)
+        self.last_rollout = None
+
+    def log_dict(self, *_, **__):
+        pass
+
+
+def _feed(callback: LagrangeCallback, module: _FakeModule, costs: list[torch.Tensor], start: int = 0) -> list[float]:
+    """Run the callback over one step per cost tensor; λ after each step."""
+    out = []
+    for step, cost in enumerate(costs, start=start):
+        router = SimpleNamespace(cost=cost)
+        module.last_rollout = SimpleNamespace(router=router, rewards=torch.ones_like(cost))
+        callback.on_train_batch_end(None, module, None, None, step)
+        out.append(float(module.lagrange_lambda))
+    return out
+
+
+def test_lagrange_callback_is_lagrange_update_on_window_means_and_resumes_exactly():
+    g = torch.Generator().manual_seed(0)
+    costs = [torch.rand(int(torch.randint(3, 9, (1,), generator=g)), generator=g) for _ in range(14)]
+    budget, lr, k = 0.3, 0.7, 3
+
+    got = _feed(LagrangeCallback(budget, lr, every_k_steps=k), _FakeModule(), costs)
+    lam, expected, window = 0.0, [], []
+    for step, cost in enumerate(costs):
+        window.append(cost)
+        if (step + 1) % k == 0:
+            lam = lagrange_update(lam, float(torch.cat(window).mean()), budget, lr)
+            window = []
+        expected.append(lam)
+    assert got == pytest.approx(expected, abs=1e-6)
+    assert len(set(got)) > 2  # λ moved, and stayed >= 0
+    assert min(got) >= 0
+
+    # stop mid-window (step 7 of windows of 3), restore into a fresh callback, continue
+    first, module = LagrangeCallback(budget, lr, every_k_steps=k), _FakeModule()
+    _feed(first, module, costs[:7])
+    state = copy.deepcopy(first.state_dict())
+    resumed = LagrangeCallback(budget, lr, every_k_steps=k)
+    resumed.load_state_dict(state)
+    assert resumed.state_dict() == state
+    restored = _FakeModule()
+    restored.lagrange_lambda.fill_(float(module.lagrange_lambda))
+    assert _feed(resumed, restored, costs[7:], start=7) == got[7:]

@@ -158,6 +158,9 @@ class RLLADataModule(L.LightningDataModule):
             "files": len(files), "read": read, "kept": len(records), "dropped": dict(dropped),
         }
         log.info("RLLA %s: %s", split, self.stats[split])
+        if files and not records:
+            raise ValueError(f"no {split} rows left in {files}: {self.stats[split]} "
+                             f"(max_prompt_length={self.max_prompt_length}; raise data.max_prompt_length?)")
         return RLLADataset(records)
 
     def setup(self, stage: str | None = None) -> None:

@@ -42,6 +42,7 @@ class RolloutBatch:
         module broadcasts per-sequence advantages.
     rows: per-rollout records for the rollout log (text, route, reward parts, ...).
     metrics: scalars to log for this step (rollout side).
+    episodes: the multi-step episodes behind the rows (episode collectors only; RLVCR reads them).
     """
 
     input_ids: torch.Tensor
@@ -54,6 +55,7 @@ class RolloutBatch:
     token_advantages: torch.Tensor | None = None
     rows: list[dict[str, Any]] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
+    episodes: list[Any] | None = None
 
     @property
     def prompt_width(self) -> int:

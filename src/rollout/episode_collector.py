@@ -125,6 +125,6 @@ class EpisodeCollector:
             rewards=torch.tensor([e.reward for e in episodes], dtype=torch.float32),
             uids=[r["uid"] for r in owners], rollout_log_probs=padded["log_probs"], rows=rows,
             metrics=metrics)
-        batch.episodes = episodes  # type: ignore[attr-defined]  # for RLVCR's step-level advantages
+        batch.episodes = episodes  # RLVCR reads them for step-level advantages
         metrics["timing/scoring_s"] = time.perf_counter() - t1
         return batch

@@ -21,7 +21,8 @@ from src.rollout.episode_prompts import EpisodeTemplates
 
 # Keys of cfg.env that are not environment constructor arguments.
 _EPISODE_KEYS = {"enable", "id", "token_budget", "turn_cap", "temperatures", "baseline", "env_workers",
-                 "templates"}
+                 "templates", "step_format"}
+STEP_FORMATS = ("plain", "rlvcr")  # env.step_format: what the agent is asked to write each turn
 
 
 def env_kwargs(env_id: str, env_cfg: dict[str, Any]) -> dict[str, Any]:
@@ -55,11 +56,29 @@ def settings_from(cfg: DictConfig) -> EpisodeSettings:
                            env_workers=int(e.get("env_workers", 1)))
 
 
-def make_episode_collector(cfg: DictConfig, tokenizer, engine, module) -> EpisodeCollector:
-    """Collector for ``cfg.env``; ``module`` is unused (the engine already generates with it)."""
+def episode_templates(env_cfg: dict[str, Any]) -> EpisodeTemplates:
+    """``env.step_format`` (plain | rlvcr) picks the base templates; ``env.templates`` overrides fields."""
+    overrides = env_cfg.get("templates") or {}
+    step_format = env_cfg.get("step_format") or "plain"
+    if step_format == "rlvcr":
+        from src.rollout.rlvcr import rlvcr_episode_templates
+
+        return rlvcr_episode_templates(**overrides)
+    if step_format != "plain":
+        raise ValueError(f"env.step_format={step_format!r}; expected one of {list(STEP_FORMATS)}")
+    return EpisodeTemplates(**overrides)
+
+
+def make_episode_collector(cfg: DictConfig, tokenizer, engine, module):
+    """Collector for ``cfg.env``. With ``algorithm.adv_estimator: rlvcr`` it is wrapped in an
+    ``RlvcrCollector`` that adds step-level token advantages (it scores with ``module.actor``)."""
     env_cfg = OmegaConf.to_container(cfg.env, resolve=True)
     env_id = str(env_cfg["id"])
     kwargs = env_kwargs(env_id, env_cfg)
-    templates = EpisodeTemplates(**(env_cfg.get("templates") or {}))
     factory = functools.partial(make_env, env_id, **kwargs)
-    return EpisodeCollector(tokenizer, engine, factory, settings_from(cfg), templates)
+    collector = EpisodeCollector(tokenizer, engine, factory, settings_from(cfg), episode_templates(env_cfg))
+    if OmegaConf.select(cfg, "algorithm.adv_estimator") == "rlvcr":
+        from src.rollout.rlvcr import make_rlvcr_collector
+
+        return make_rlvcr_collector(cfg, tokenizer, engine, module, collector)
+    return collector

@@ -16,11 +16,11 @@ from src.rewards.dispatch import response_format, score
 from src.rewards.types import RewardConfig
 from src.rollout.batch import RolloutBatch, RouterRollout, assemble_sequences
 from src.rollout.engine import RolloutEngine, SamplingParams, left_pad
+from src.rollout.routes import Route, weak_label_index
 
 log = logging.getLogger(__name__)
 
-ROUTE_NAMES = ("answer", "search", "calculate")
-WEAK_LABEL_INDEX = {"ANSWER": 0, "SEARCH": 1, "CALCULATE": 2}
+ROUTE_NAMES = tuple(r.label for r in Route)
 
 
 @dataclass
@@ -59,7 +59,7 @@ class SingleTurnCollector:
     @torch.no_grad()
     def collect(self, records: list[dict[str, Any]], step: int, lam: float = 0.0,
                 generator: torch.Generator | None = None) -> RolloutBatch:
-        from src.rewards.tool_families import tool_descriptions
+        from src.rewards.tool_families import tool_descriptions, weak_label
         from src.rewards.tool_usage import tool_usage
 
         g = self.sampling.n
@@ -87,23 +87,26 @@ class SingleTurnCollector:
         rows, r_task, costs, targets = [], [], [], []
         for i, tokens in enumerate(completions.token_lists()):
             rec = records[i // g]
+            fmt = response_format(rec["data_source"])
+            descriptions = tool_descriptions(rec["messages"][0]["content"])
             text = decode_response(self.tokenizer, tokens, self.drop_ids)
             parts = score(rec["data_source"], text, rec["ground_truth"], step=step, config=self.reward_config)
             row = {"step": step, "uid": rec["uid"], "data_source": rec["data_source"], "response": text,
                    "response_length": len(tokens), "reward_task": parts.total, "reward_format": parts.format,
                    "reward_correctness": parts.correctness, "reward_length": parts.length}
             if self.families is not None:
-                usage = tool_usage(text, self.families, fmt=response_format(rec["data_source"]),
-                                   descriptions=tool_descriptions(rec["messages"][0]["content"]))
+                usage = tool_usage(text, self.families, fmt=fmt, descriptions=descriptions)
                 cost = float(self.cost_fn(usage)) if self.cost_fn else float(usage.used_any_tool)
                 row.update(used_tool=usage.used_any_tool, used_search=usage.used_search,
                            used_calculate=usage.used_calculate, n_tool_calls=usage.n_calls, cost=cost)
                 costs.append(cost)
             if router_out is not None:
                 a = int(router_out.router_action[i])
+                label = rec.get("weak_label") or weak_label(rec["ground_truth"], self.families, fmt=fmt,
+                                                            descriptions=descriptions)
                 row.update(route=ROUTE_NAMES[a], router_prob=float(router_out.router_log_prob[i].exp()),
-                           weak_label=rec.get("weak_label"))
-                targets.append(WEAK_LABEL_INDEX.get(rec.get("weak_label") or "", -1))
+                           weak_label=label)
+                targets.append(weak_label_index(label))
             r_task.append(parts.total)
             rows.append(row)
         t_score = time.perf_counter() - t1
@@ -132,7 +135,6 @@ class SingleTurnCollector:
 
     def _route_messages(self, record: dict, action: int) -> list[dict]:
         from src.rollout.route_prompts import route_messages
-        from src.rollout.routes import Route
 
         return route_messages(record["messages"], Route(action), self.families, mode=self.router.prompt_mode,
                               fmt=response_format(record["data_source"]))

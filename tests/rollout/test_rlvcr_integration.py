@@ -337,3 +337,33 @@ def test_generation_prompt_keeps_history_ids(setup, monkeypatch):
     assert first[: len(history)] == history
     assert tok.decode(first[len(history):]).endswith("<level>3</level><think>")
     assert "Thinking level 3" in tok.decode(first[len(history):])
+
+
+def test_factory_wraps_the_episode_collector_for_rlvcr(tiny):
+    from pathlib import Path
+
+    from hydra import compose, initialize_config_dir
+
+    from src.rollout.episode_collector import EpisodeCollector
+    from src.rollout.episode_factory import make_episode_collector
+
+    model, tok = tiny
+    configs = Path(__file__).resolve().parents[2] / "configs"
+    with initialize_config_dir(config_dir=str(configs), version_base=None):
+        cfg = compose(config_name="train", overrides=["experiment=rlvcr"])
+        plain = compose(config_name="train", overrides=["experiment=rlvcr", "algorithm=grpo", "env.step_format=plain"])
+        bad = compose(config_name="train", overrides=["experiment=rlvcr", "env.step_format=fancy"])
+
+    class Module:
+        actor = model
+
+    engine = HFGenerateEngine(model, tok.pad_token_id, [tok.eos_token_id])
+    wrapped = make_episode_collector(cfg, tok, engine, Module())
+    assert isinstance(wrapped, RlvcrCollector) and wrapped.engine is engine
+    assert "<level>k</level>" in wrapped.inner.templates.system
+    s = wrapped.augmenter.settings
+    assert (s.qualify, s.score_malformed_steps, s.think_max_new_tokens) == ("group_mean", True, 16)
+    inner = make_episode_collector(plain, tok, engine, Module())
+    assert isinstance(inner, EpisodeCollector) and "<level>" not in inner.templates.system
+    with pytest.raises(ValueError, match="step_format"):
+        make_episode_collector(bad, tok, engine, Module())

@@ -9,22 +9,10 @@ import sys
 import pandas as pd
 import pytest
 import torch
+from jobhelpers import REPO
 from omegaconf import OmegaConf
 
-from jobhelpers import REPO, run_train
-
-RUN_OVERRIDES = ["experiment=router_grpo", "trainer.max_steps=2", "sft.max_steps=2", "data.batch_size=2",
-                 "rollout.max_new_tokens=16"]
 ROUTES = {"answer", "search", "calculate"}
-
-
-@pytest.fixture(scope="module")
-def router_run(tmp_path_factory):
-    """A short router_grpo run, trained once per pytest session (tests/test_notebook.py reuses it)."""
-    run_dir = tmp_path_factory.getbasetemp() / "shared_router_run"
-    if not (run_dir / "checkpoints" / "last.ckpt").exists():
-        run_train(*RUN_OVERRIDES, f"run_dir={run_dir}")
-    return run_dir
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +28,7 @@ def test_parquet(router_run):
 
 def _run(script: str, *args: str) -> subprocess.CompletedProcess:
     proc = subprocess.run([sys.executable, str(REPO / "scripts" / script), *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
     return proc
 
@@ -81,7 +69,7 @@ def test_evaluate_summary_and_rows(router_run, test_parquet, tmp_path):
     for key in ("checkpoint", "n", "reward", "route_mix", "tool_call_rate", "mean_cost", "route_vs_weak_label",
                 "weak_label_counts", "skipped_rows"):
         assert key in summary, key
-    assert summary["n"] == 12 and summary["global_step"] == 2
+    assert summary["n"] == 12 and summary["global_step"] == 6
     assert set(summary["reward"]) == {"total", "format", "correctness", "length"}
     assert -5.0 <= summary["reward"]["total"] <= 5.0
     assert set(summary["route_mix"]) == ROUTES and abs(sum(summary["route_mix"].values()) - 1) < 1e-9
