@@ -11,7 +11,6 @@ changes weights, which the checkpoint replaces, so it is never rebuilt here.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -80,23 +79,10 @@ class ToolCall:
 
 
 def _xml_calls(response: str) -> list[ToolCall]:
-    # Same reading as src.rewards.tool_usage: calls after </think>, every <tool_call> block, one per line.
-    tail = response.split("</think>", 1)[1] if "</think>" in response else response
-    calls = []
-    for piece in tail.split("<tool_call>")[1:]:
-        block = piece.split("</tool_call>")[0] if "</tool_call>" in piece else piece.split("<response>")[0]
-        for line in block.split("\n"):
-            if not line.strip():
-                continue
-            try:
-                item = json.loads(line)
-            except (ValueError, RecursionError):
-                item = None
-            if isinstance(item, dict) and isinstance(item.get("name"), str):
-                calls.append(ToolCall(item["name"], item.get("parameters", item.get("arguments"))))
-            else:
-                calls.append(ToolCall(None, None, line.strip()))
-    return calls
+    from src.rewards.tool_usage import xml_call_lines
+
+    return [ToolCall(item["name"], item.get("parameters", item.get("arguments"))) if item is not None
+            else ToolCall(None, None, raw) for item, raw in xml_call_lines(response)[1]]
 
 
 def parse_tool_calls(response: str, fmt: str = "xml") -> list[ToolCall]:

@@ -68,3 +68,14 @@ def router_run_with_resume(tmp_path_factory):
 @pytest.fixture(scope="session")
 def router_run(router_run_with_resume):
     return router_run_with_resume[0]
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny models run ~10x faster on one thread when the 2 shared cores are busy."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

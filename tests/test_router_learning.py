@@ -200,13 +200,7 @@ def train(world: World, budget: float, steps: int = 300, prompts: int = 16, copi
 CONFIG = {"steps": 300, "prompts": 16, "copies": 8, "k": 5, "eta": 1.0, "lr": 3e-3, "entropy_coef": 0.5}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # the tensors are tiny: extra threads only contend for the shared cores (20x slower here)
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

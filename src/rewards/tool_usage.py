@@ -64,20 +64,22 @@ def _is_call(item: Any) -> bool:
     return isinstance(item, dict) and isinstance(item.get("name"), str)
 
 
-def extract_xml_calls(response: str) -> tuple[bool, list[str | None], bool]:
-    """(block present, one name per call — None when unreadable, parse_ok) of an XML response."""
+def xml_call_lines(response: str) -> tuple[bool, list[tuple[Any, str]], bool]:
+    """(block present, one (parsed item or None, raw line) per call, parse_ok) of an XML response.
+
+    Calls are read after ``</think>``, from every ``<tool_call>`` block, one JSON object per line.
+    """
     tail = _after_think(response if isinstance(response, str) else "")
     pieces = tail.split("<tool_call>")[1:]
-    names: list[str | None] = []
+    calls: list[tuple[Any, str]] = []
     ok = True
     for piece in pieces:
-        block_text = "<tool_call>" + piece
         try:
-            items = parse_tool_block(block_text)
+            items = parse_tool_block("<tool_call>" + piece)
         except (ValueError, RecursionError):
             items = None
         if items is not None and all(_is_call(item) for item in items):
-            names += [item["name"] for item in items]
+            calls += [(item, json.dumps(item)) for item in items]
             continue
         ok = False
         # an unclosed block ends where the reply starts, so the reply is not read as a call
@@ -89,8 +91,14 @@ def extract_xml_calls(response: str) -> tuple[bool, list[str | None], bool]:
                 item = json.loads(line)
             except (ValueError, RecursionError):
                 item = None
-            names.append(item["name"] if _is_call(item) else None)
-    return bool(pieces), names, ok
+            calls.append((item if _is_call(item) else None, line.strip()))
+    return bool(pieces), calls, ok
+
+
+def extract_xml_calls(response: str) -> tuple[bool, list[str | None], bool]:
+    """(block present, one name per call — None when unreadable, parse_ok) of an XML response."""
+    present, calls, ok = xml_call_lines(response)
+    return present, [item["name"] if item is not None else None for item, _ in calls], ok
 
 
 def _harmony_calls(response: str) -> tuple[bool, list[str | None], bool]:

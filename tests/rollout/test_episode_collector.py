@@ -19,13 +19,7 @@ from src.rollout.episode_factory import make_episode_collector
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    """The tiny model generates ~10x faster on one thread when the 2 shared cores are busy."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 class ScriptedEngine:

@@ -14,13 +14,7 @@ from src.rollout.episodes import collect_groups, group_temperatures, observation
 ALWAYS_ZERO = "cat > strategy.py << 'EOF'\ndef row_strategy(history):\n    return 0\nEOF"
 
 
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    """The tiny model generates ~10x faster on one thread when the 2 shared cores are busy."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _pad(outs: list[list[int]], pad_id: int) -> Completions:
