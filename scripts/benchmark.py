@@ -55,11 +55,15 @@ def main(overrides: list[str]) -> dict:
         torch.cuda.reset_peak_memory_stats()
     _, objects = train(cfg)
     module = objects["module"]
-    series = scalar_series(Path(run_dir))
+    from src.analysis import load_scalars
+
+    series = load_scalars(run_dir)
 
     def avg(tag: str) -> float:
-        values = [v for _, v in series.get(tag, [])][1:] or [v for _, v in series.get(tag, [])]
-        return sum(values) / len(values) if values else float("nan")
+        if tag not in series:
+            return float("nan")
+        values = series[tag].dropna()
+        return float((values.iloc[1:] if len(values) > 1 else values).mean())
 
     n_params = sum(p.numel() for p in module.actor.parameters())
     step_s = avg("timing/step_s")
@@ -83,12 +87,6 @@ def main(overrides: list[str]) -> dict:
     }
     print(json.dumps(result))
     return result
-
-
-def scalar_series(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
-    from src.analysis import load_scalars
-
-    return load_scalars(run_dir)
 
 
 if __name__ == "__main__":

@@ -21,13 +21,8 @@ def run_train(*overrides: str, timeout: int = 600) -> subprocess.CompletedProces
 
 
 def scalars(run_dir: Path, sub: str = "tensorboard") -> dict[str, list[tuple[int, float]]]:
-    """All scalar series of a run's TensorBoard event files: tag -> [(step, value)]."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    """All scalar series of a run's TensorBoard event files: tag -> [(step, value)] by step."""
+    from src.analysis import load_scalars
 
-    out: dict[str, list[tuple[int, float]]] = {}
-    for events in sorted((run_dir / sub).glob("events.out.tfevents.*")):
-        acc = EventAccumulator(str(events), size_guidance={"scalars": 0})
-        acc.Reload()
-        for tag in acc.Tags()["scalars"]:
-            out.setdefault(tag, []).extend((e.step, e.value) for e in acc.Scalars(tag))
-    return out
+    wide = load_scalars(run_dir, sub)
+    return {tag: [(int(step), float(v)) for step, v in wide[tag].dropna().items()] for tag in wide.columns}

@@ -5,8 +5,7 @@ from __future__ import annotations
 import math
 
 from src.rollout.batch import RolloutBatch
-
-ROUTES = ("answer", "search", "calculate")
+from src.rollout.routes import Route
 
 
 def _mean(values) -> float:
@@ -27,7 +26,7 @@ def rollout_metrics(batch: RolloutBatch, prefix: str = "train") -> dict[str, flo
         m[f"{prefix}/tool_call_rate"] = _mean(float(r["used_tool"]) for r in rows)
         m[f"{prefix}/cost_mean"] = _mean(r["cost"] for r in rows)
     if rows and "route" in rows[0]:
-        for name in ROUTES:
+        for name in (r.label for r in Route):
             m[f"{prefix}/route_frac_{name}"] = _mean(float(r["route"] == name) for r in rows)
         m[f"{prefix}/reward_router_mean"] = _mean(r["reward_router"] for r in rows)
     if rows and "episode_return" in rows[0]:
