@@ -48,3 +48,6 @@ class RouterHeadConfig:
     entropy_coef: float = 0.01
     sup_coef: float = 0.0
     lambda_init: float = 0.0
+    # False: advantages r - mean_g (no std). Near the budget's equilibrium the copies' r_router are
+    # almost equal, and dividing by their tiny std turns noise into full-size pushes.
+    norm_adv_by_std: bool = True

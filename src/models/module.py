@@ -264,6 +264,6 @@ class ToolRouterModule(pl.LightningModule):
         r = rb.router
         logits = self.router_logits(r.prompt_ids, r.prompt_mask, grad=True)[r.prompt_index.to(self.device)]
         adv = get_advantage("grpo")(r.reward, group_ids(rb.uids), eps=self.algo.adv_eps,
-                                    norm_by_std=self.algo.norm_adv_by_std).to(self.device)
+                                    norm_by_std=self.router_cfg.norm_adv_by_std).to(self.device)
         return router_loss(logits, r.action.to(self.device), adv, self.router_cfg.entropy_coef,
                            self.router_cfg.sup_coef, r.target.to(self.device))
