@@ -112,6 +112,10 @@ class FrozenEmbeddingLM(nn.Module):
         self.model = _Body(embedding)
 
 
+# what the callback needs of a one-process Trainer: a strategy whose reduce is the identity
+SINGLE_DEVICE = SimpleNamespace(strategy=SimpleNamespace(reduce=lambda tensor, reduce_op=None: tensor))
+
+
 class _Body(nn.Module):
     def __init__(self, embedding: torch.Tensor):
         super().__init__()
@@ -131,7 +135,8 @@ class RouterHost:
         self.actor, self.router_head = actor, head
         self.device = torch.device("cpu")
         self.algo = SimpleNamespace(adv_eps=1e-6, norm_adv_by_std=True)
-        self.router_cfg = SimpleNamespace(entropy_coef=entropy_coef, sup_coef=0.0, detach_backbone=True)
+        self.router_cfg = SimpleNamespace(entropy_coef=entropy_coef, sup_coef=0.0, detach_backbone=True,
+                                          norm_adv_by_std=True)
         self.lagrange_lambda = torch.tensor(0.0)
         self.last_rollout = None
         self.logged: list[dict] = []
@@ -185,7 +190,7 @@ def train(world: World, budget: float, steps: int = 300, prompts: int = 16, copi
         loss.backward()
         optimizer.step()
         host.last_rollout = rb
-        callback.on_train_batch_end(None, host, None, None, step)
+        callback.on_train_batch_end(SINGLE_DEVICE, host, None, None, step)
         lambdas.append(float(host.lagrange_lambda))
         costs.append(float(rb.router.cost.mean()))
     with torch.no_grad():
@@ -320,6 +325,7 @@ class _FakeModule:
     def __init__(self):
         self.lagrange_lambda = torch.tensor(0.0)
         self.last_rollout = None
+        self.device = torch.device("cpu")
 
     def log_dict(self, *_, **__):
         pass
@@ -331,7 +337,7 @@ def _feed(callback: LagrangeCallback, module: _FakeModule, costs: list[torch.Ten
     for step, cost in enumerate(costs, start=start):
         router = SimpleNamespace(cost=cost)
         module.last_rollout = SimpleNamespace(router=router, rewards=torch.ones_like(cost))
-        callback.on_train_batch_end(None, module, None, None, step)
+        callback.on_train_batch_end(SINGLE_DEVICE, module, None, None, step)
         out.append(float(module.lagrange_lambda))
     return out
 

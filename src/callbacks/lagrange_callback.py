@@ -6,6 +6,7 @@ import logging
 from typing import Any
 
 import lightning.pytorch as pl
+import torch
 
 from src.rewards.lagrange import lagrange_update
 
@@ -37,6 +38,10 @@ class LagrangeCallback(pl.Callback):
         self.steps += 1
         if self.steps % self.every:
             return
+        # every rank sees its own share of the rollouts: λ must come from the global mean
+        totals = trainer.strategy.reduce(torch.tensor([self.cost_sum, self.reward_sum, float(self.count)],
+                                                      dtype=torch.float64, device=pl_module.device), reduce_op="sum")
+        self.cost_sum, self.reward_sum, self.count = float(totals[0]), float(totals[1]), int(totals[2])
         mean_cost = self.cost_sum / max(self.count, 1)
         lam = lagrange_update(float(pl_module.lagrange_lambda), mean_cost, self.budget, self.lr)
         if self.lambda_max is not None:
