@@ -42,7 +42,7 @@ from src.rewards.harmony_parse import (
     parse_harmony,
     tool_calls_of,
 )
-from src.rewards.rlla import correctness_range, format_range, length_reward, tool_call_score
+from src.rewards.rlla import combine_parts, correctness_range, tool_call_score
 from src.rewards.types import RewardBreakdown, RewardConfig
 
 __all__ = ["RewardBreakdown", "RewardConfig", "compute_score", "format_ok", "normalize_response"]
@@ -137,11 +137,8 @@ def compute_score(
     if not gt_parsed.blocks:
         log.error("gpt_oss reward: the ground truth has no harmony block (XML data under rlla_gpt?): %.120r", ground_truth)
 
-    f_hi, f_lo = format_range(step, config)
-    fmt = f_hi if _format_ok(parsed, gt_parsed) else f_lo
-    correctness = _correctness(parsed, gt_parsed, step, config)
-    length = length_reward(_analysis_text(parsed), step, config) if config.with_length else 0.0
-    return RewardBreakdown(fmt + correctness + length, fmt, correctness, length)
+    return combine_parts(_format_ok(parsed, gt_parsed), _correctness(parsed, gt_parsed, step, config),
+                         _analysis_text(parsed), step, config)
 
 
 def _correctness(response: HarmonyParse, ground_truth: HarmonyParse, step: int, config: RewardConfig) -> float:

@@ -26,6 +26,7 @@ from src.rewards.types import RewardBreakdown, RewardConfig
 __all__ = [
     "RewardBreakdown",
     "RewardConfig",
+    "combine_parts",
     "compute_score",
     "correctness_range",
     "format_range",
@@ -203,10 +204,16 @@ def compute_score(
         log.error("rlla reward: ground truth is %s, not a string; row scored 0", type(ground_truth).__name__)
         return RewardBreakdown(0.0, 0.0, 0.0, 0.0)
 
+    return combine_parts(format_ok(response, ground_truth), _correctness(response, ground_truth, step, config),
+                         _think_text(response), step, config)
+
+
+def combine_parts(layout_ok: bool, correctness: float, think: str | None, step: int,
+                  config: RewardConfig) -> RewardBreakdown:
+    """Format (max/min of its scheduled range) + correctness + optional length = total."""
     f_hi, f_lo = format_range(step, config)
-    fmt = f_hi if format_ok(response, ground_truth) else f_lo
-    correctness = _correctness(response, ground_truth, step, config)
-    length = length_reward(_think_text(response), step, config) if config.with_length else 0.0
+    fmt = f_hi if layout_ok else f_lo
+    length = length_reward(think, step, config) if config.with_length else 0.0
     return RewardBreakdown(fmt + correctness + length, fmt, correctness, length)
 
 
