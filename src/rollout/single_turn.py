@@ -47,6 +47,10 @@ class SingleTurnCollector:
         self.sampling = sampling
         self.reward_config = reward_config
         self.router = router
+        if families is None:
+            from src.rewards.tool_families import ToolFamilies
+
+            families = ToolFamilies()
         self.families = families
         self.cost_fn = cost_fn
         self.router_logits_fn = router_logits_fn
@@ -84,26 +88,29 @@ class SingleTurnCollector:
         t_gen = time.perf_counter() - t0
 
         t1 = time.perf_counter()
+        per_prompt = []  # (format, tool descriptions, weak label) of each prompt, shared by its G copies
+        for rec in records:
+            fmt = response_format(rec["data_source"])
+            descriptions = tool_descriptions(rec["messages"][0]["content"])
+            label = rec.get("weak_label") or weak_label(rec["ground_truth"], self.families, fmt=fmt,
+                                                        descriptions=descriptions)
+            per_prompt.append((fmt, descriptions, label))
         rows, r_task, costs, targets = [], [], [], []
         for i, tokens in enumerate(completions.token_lists()):
             rec = records[i // g]
-            fmt = response_format(rec["data_source"])
-            descriptions = tool_descriptions(rec["messages"][0]["content"])
+            fmt, descriptions, label = per_prompt[i // g]
             text = decode_response(self.tokenizer, tokens, self.drop_ids)
             parts = score(rec["data_source"], text, rec["ground_truth"], step=step, config=self.reward_config)
             row = {"step": step, "uid": rec["uid"], "data_source": rec["data_source"], "response": text,
                    "response_length": len(tokens), "reward_task": parts.total, "reward_format": parts.format,
                    "reward_correctness": parts.correctness, "reward_length": parts.length}
-            if self.families is not None:
-                usage = tool_usage(text, self.families, fmt=fmt, descriptions=descriptions)
-                cost = float(self.cost_fn(usage)) if self.cost_fn else float(usage.used_any_tool)
-                row.update(used_tool=usage.used_any_tool, used_search=usage.used_search,
-                           used_calculate=usage.used_calculate, n_tool_calls=usage.n_calls, cost=cost)
-                costs.append(cost)
+            usage = tool_usage(text, self.families, fmt=fmt, descriptions=descriptions)
+            cost = float(self.cost_fn(usage)) if self.cost_fn else float(usage.used_any_tool)
+            row.update(used_tool=usage.used_any_tool, used_search=usage.used_search,
+                       used_calculate=usage.used_calculate, n_tool_calls=usage.n_calls, cost=cost)
+            costs.append(cost)
             if router_out is not None:
                 a = int(router_out.router_action[i])
-                label = rec.get("weak_label") or weak_label(rec["ground_truth"], self.families, fmt=fmt,
-                                                            descriptions=descriptions)
                 row.update(route=ROUTE_NAMES[a], router_prob=float(router_out.router_log_prob[i].exp()),
                            weak_label=label)
                 targets.append(weak_label_index(label))
