@@ -69,8 +69,10 @@ def main(overrides: list[str]) -> dict:
     step_s = avg("timing/step_s")
     tokens = avg("train/tokens_per_sec") * step_s  # tokens processed per step (prompt + response)
     gen_tokens = avg("rollout/generated_tokens")
-    # forward 2N per token for generation and the two frozen passes; forward+backward 6N for training
-    flops = 2 * n_params * gen_tokens + (2 * 2 + 6) * n_params * tokens
+    # 2N per generated token; 2N per batch token for each frozen pass (old, and the reference when
+    # KL is on); 6N per batch token for the training forward + backward
+    frozen_passes = 2 if cfg.algorithm.use_kl_loss else 1
+    flops = 2 * n_params * gen_tokens + (2 * frozen_passes + 6) * n_params * tokens
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     peak = matmul_tflops(dtype, device)
     result = {
