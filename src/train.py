@@ -99,6 +99,7 @@ def build_trainer(cfg: DictConfig, extra_callbacks: list[pl.Callback]) -> pl.Tra
         max_steps=t.max_steps, accelerator=t.accelerator, devices=t.devices, num_nodes=t.num_nodes,
         strategy=strategy_from(t.strategy), precision=t.precision, log_every_n_steps=t.log_every_n_steps,
         limit_val_batches=t.limit_val_batches, num_sanity_val_steps=0, callbacks=callbacks,
+        val_check_interval=t.val_check_interval, check_val_every_n_epoch=None if t.val_check_interval else 1,
         logger=TensorBoardLogger(save_dir=str(run_dir), name="tensorboard", version=""),
         plugins=[AtomicCheckpointIO()] if not str(t.strategy).startswith(("deepspeed", "fsdp")) else None,
         default_root_dir=str(run_dir), enable_model_summary=False, max_epochs=-1,
@@ -158,7 +159,11 @@ def build_rl_callbacks(cfg: DictConfig, tokenizer, path: Path) -> list[pl.Callba
     from src.callbacks.rollout_logger import RolloutLogger
     from src.rollout.rollout_callback import RolloutCallback
 
-    callbacks: list[pl.Callback] = [RolloutCallback(build_collector_factory(cfg, tokenizer, path), seed=cfg.seed),
+    from src.rollout.factory import eval_sampling_from
+
+    eval_sampling = None if cfg.env.enable else eval_sampling_from(cfg)
+    callbacks: list[pl.Callback] = [RolloutCallback(build_collector_factory(cfg, tokenizer, path), seed=cfg.seed,
+                                                    eval_sampling=eval_sampling),
                                     RolloutLogger(Path(cfg.run_dir) / "rollouts")]
     if cfg.router.enable:
         callbacks.append(LagrangeCallback(cfg.router.budget, cfg.router.lambda_lr, cfg.router.lambda_every_k,

@@ -37,3 +37,12 @@ def test_router_on_harmony_data(tmp_path):
     assert set(rows["data_source"]) == {"rlla_gpt"}
     assert set(rows["route"]) <= {"answer", "search", "calculate"}
     assert "train/route_frac_answer" in scalars(run_dir)
+
+
+def test_validation_logs_val_twins(tmp_path):
+    run_dir = tmp_path / "run"
+    run_train("experiment=grpo", f"run_dir={run_dir}", "trainer.max_steps=2", "trainer.val_check_interval=2",
+              "trainer.limit_val_batches=1", "data.batch_size=2", "data.val_batch_size=3", "rollout.max_new_tokens=8")
+    series = scalars(run_dir)
+    for tag in ("val/reward_task_mean", "val/response_length_mean", "val/tool_call_rate"):
+        assert tag in series, sorted(series)

@@ -226,6 +226,12 @@ class ToolRouterModule(pl.LightningModule):
                       prog_bar=True, logger=False, batch_size=n)
         self.last_rollout = rb
 
+    def validation_step(self, batch, batch_idx: int):
+        """Logs the ``val/`` twins of the rollout scalars (rollouts from the RolloutCallback)."""
+        rb, self.rollout_batch = self.rollout_batch, None
+        metrics = {k: v for k, v in rollout_metrics(rb, prefix="val").items() if not math.isnan(v)}
+        self.log_dict(metrics, on_step=False, on_epoch=True, logger=True, batch_size=len(rb))
+
     def _actor_update(self, rb, chunk, old_logp, ref_logp, advantages, extra_loss) -> dict[str, float]:
         """Backward the policy loss of one minibatch (micro-batched). Returns its metrics."""
         algo, width = self.algo, rb.response_mask.shape[1]

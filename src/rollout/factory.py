@@ -28,6 +28,11 @@ def sampling_from(cfg: DictConfig) -> SamplingParams:
     return SamplingParams(n=r.n, temperature=r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens)
 
 
+def eval_sampling_from(cfg: DictConfig) -> SamplingParams:
+    e = cfg.rollout.eval
+    return SamplingParams(n=e.n, temperature=e.temperature, top_p=e.top_p, max_new_tokens=cfg.rollout.max_new_tokens)
+
+
 def make_families(cfg: DictConfig):
     from src.rewards.tool_families import ToolFamilies
 

@@ -8,6 +8,8 @@ from typing import Callable
 import lightning.pytorch as pl
 import torch
 
+from src.rollout.engine import SamplingParams
+
 log = logging.getLogger(__name__)
 
 
@@ -19,13 +21,22 @@ class RolloutCallback(pl.Callback):
     engine generates with the module's own actor, or a vLLM copy kept in sync).
     """
 
-    def __init__(self, collector_factory: Callable[[pl.LightningModule], object], seed: int = 0):
+    def __init__(self, collector_factory: Callable[[pl.LightningModule], object], seed: int = 0,
+                 eval_sampling: SamplingParams | None = None):
         self.collector_factory = collector_factory
         self.collector = None
         self.seed = seed
+        self.eval_sampling = eval_sampling
 
     def on_fit_start(self, trainer, pl_module) -> None:
         self.collector = self.collector_factory(pl_module)
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
+        """Validation rollouts: the eval sampling (greedy, one per prompt by default), no weight update."""
+        if self.eval_sampling is None:
+            raise ValueError("validation needs rollout eval sampling (single-turn collectors only)")
+        pl_module.rollout_batch = self.collector.collect(
+            batch, step=trainer.global_step, lam=float(pl_module.lagrange_lambda), sampling=self.eval_sampling)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + trainer.global_step)

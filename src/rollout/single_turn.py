@@ -62,11 +62,16 @@ class SingleTurnCollector:
 
     @torch.no_grad()
     def collect(self, records: list[dict[str, Any]], step: int, lam: float = 0.0,
-                generator: torch.Generator | None = None) -> RolloutBatch:
+                generator: torch.Generator | None = None, sampling: SamplingParams | None = None) -> RolloutBatch:
+        """``sampling`` overrides the training sampling (evaluation uses greedy, one sample)."""
+        from dataclasses import replace
+
         from src.rewards.tool_families import tool_descriptions, weak_label
         from src.rewards.tool_usage import tool_usage
 
-        g = self.sampling.n
+        sampling = sampling or self.sampling
+
+        g = sampling.n
         n_prompts = len(records)
         t0 = time.perf_counter()
         pad = self.tokenizer.pad_token_id
@@ -79,12 +84,10 @@ class SingleTurnCollector:
             router_out = RouterHead.act(logits.repeat_interleave(g, dim=0), sample=self.router.sample, generator=generator)
             prompts = [self._encode(self._route_messages(records[i // g], int(router_out.router_action[i])))
                        for i in range(n_prompts * g)]
-            completions = self.engine.generate(prompts, SamplingParams(
-                n=1, temperature=self.sampling.temperature, top_p=self.sampling.top_p,
-                max_new_tokens=self.sampling.max_new_tokens, stop_token_ids=self.sampling.stop_token_ids))
+            completions = self.engine.generate(prompts, replace(sampling, n=1))
         else:
             prompts = [r["prompt_ids"] for r in records for _ in range(g)]
-            completions = self.engine.generate([r["prompt_ids"] for r in records], self.sampling)
+            completions = self.engine.generate([r["prompt_ids"] for r in records], sampling)
         t_gen = time.perf_counter() - t0
 
         t1 = time.perf_counter()
