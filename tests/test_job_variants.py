@@ -46,3 +46,16 @@ def test_validation_logs_val_twins(tmp_path):
     series = scalars(run_dir)
     for tag in ("val/reward_task_mean", "val/response_length_mean", "val/tool_call_rate"):
         assert tag in series, sorted(series)
+
+
+def test_router_sharing_the_actor_optimizer_trains_head_and_backbone(tmp_path):
+    run_dir = tmp_path / "run"
+    run_train("experiment=router_grpo", f"run_dir={run_dir}", "trainer.max_steps=2", "sft.max_steps=2",
+              "router.separate_optimizer=false", "router.detach_backbone=false", "router.sup_coef=0.1",
+              "router.pooling=last", "data.batch_size=2", "rollout.max_new_tokens=8", "trainer.save_freq=1")
+    first = torch.load(run_dir / "checkpoints" / "step_00000001.ckpt", map_location="cpu", weights_only=False)
+    last = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert len(last["optimizer_states"]) == 1 and len(last["optimizer_states"][0]["param_groups"]) == 2
+    head = [k for k in last["state_dict"] if k.startswith("router_head.")]
+    assert any(not torch.equal(first["state_dict"][k], last["state_dict"][k]) for k in head)
+    assert "train/router_ce" in scalars(run_dir)

@@ -200,8 +200,8 @@ class ToolRouterModule(pl.LightningModule):
         sums: dict[str, float] = {}
         for i, chunk in enumerate(chunks):
             actor_opt.zero_grad()
-            extra = router_loss_value if (i == 0 and router_loss_value is not None) else None
-            parts = self._actor_update(rb, chunk, old_logp, ref_logp, advantages, extra)
+            # a shared-optimizer router loss rides on the first minibatch's backward
+            parts = self._actor_update(rb, chunk, old_logp, ref_logp, advantages, router_loss_value if i == 0 else None)
             self.clip_gradients(actor_opt, gradient_clip_val=algo.grad_clip, gradient_clip_algorithm="norm")
             if i < len(chunks) - 1:
                 with uncounted_step(actor_opt):
