@@ -48,9 +48,18 @@ def main(overrides: list[str]) -> dict:
     repo = Path(__file__).resolve().parents[1]
     run_dir = tempfile.mkdtemp(prefix="toolrouter-bench-")
     with initialize_config_dir(config_dir=str(repo / "configs"), version_base="1.3"):
-        cfg = compose("train", overrides=[f"run_dir={run_dir}", f"cache_dir={repo / '.cache' / 'toolrouter'}",
-                                          "name=benchmark", *overrides])
-    device = "cuda" if torch.cuda.is_available() and cfg.trainer.accelerator in ("gpu", "cuda", "auto") else "cpu"
+        cfg = compose(
+            "train",
+            overrides=[
+                f"run_dir={run_dir}",
+                f"cache_dir={repo / '.cache' / 'toolrouter'}",
+                "name=benchmark",
+                *overrides,
+            ],
+        )
+    device = (
+        "cuda" if torch.cuda.is_available() and cfg.trainer.accelerator in ("gpu", "cuda", "auto") else "cpu"
+    )
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     _, objects = train(cfg)
@@ -76,15 +85,26 @@ def main(overrides: list[str]) -> dict:
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     peak = matmul_tflops(dtype, device)
     result = {
-        "overrides": overrides, "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
-        "params": n_params, "steps": cfg.trainer.max_steps, "s_per_step": step_s,
-        "generation_s": avg("timing/generation_s"), "scoring_s": avg("timing/scoring_s"),
-        "training_s": avg("timing/training_s"), "tokens_per_s": avg("train/tokens_per_sec"),
-        "peak_mem_gib": (torch.cuda.max_memory_allocated() if device == "cuda"
-                         else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024) / 2**30,
-        "matmul_tflops": peak, "mfu": flops / step_s / (peak * 1e12) if step_s == step_s else float("nan"),
-        "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True,
-                                 text=True).stdout.strip(),
+        "overrides": overrides,
+        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        "params": n_params,
+        "steps": cfg.trainer.max_steps,
+        "s_per_step": step_s,
+        "generation_s": avg("timing/generation_s"),
+        "scoring_s": avg("timing/scoring_s"),
+        "training_s": avg("timing/training_s"),
+        "tokens_per_s": avg("train/tokens_per_sec"),
+        "peak_mem_gib": (
+            torch.cuda.max_memory_allocated()
+            if device == "cuda"
+            else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        )
+        / 2**30,
+        "matmul_tflops": peak,
+        "mfu": flops / step_s / (peak * 1e12) if step_s == step_s else float("nan"),
+        "commit": subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True, text=True
+        ).stdout.strip(),
         "date": time.strftime("%Y-%m-%d"),
     }
     print(json.dumps(result))

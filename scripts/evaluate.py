@@ -62,25 +62,43 @@ def evaluate_rows(policy, records, args, reward_config) -> list[dict]:
     generator = torch.Generator().manual_seed(args.seed)
     rows = []
     for start in range(0, len(records), args.batch_size):
-        chunk = records[start:start + args.batch_size]
+        chunk = records[start : start + args.batch_size]
         results = policy.respond_batch(
-            [r.messages for r in chunk], [r.data_source for r in chunk], temperature=args.temperature,
-            top_p=args.top_p, max_new_tokens=args.max_new_tokens,
-            routes=None if args.route is None else [args.route] * len(chunk), sample_route=args.sample_route,
-            generator=generator)
+            [r.messages for r in chunk],
+            [r.data_source for r in chunk],
+            temperature=args.temperature,
+            top_p=args.top_p,
+            max_new_tokens=args.max_new_tokens,
+            routes=None if args.route is None else [args.route] * len(chunk),
+            sample_route=args.sample_route,
+            generator=generator,
+        )
         for rec, res in zip(chunk, results):
             parts = score(rec.data_source, res.response, rec.ground_truth, step=0, config=reward_config)
             probs = res.probs or [None, None, None]
-            rows.append({
-                "uid": rec.uid, "data_source": rec.data_source, "route": res.route,
-                "p_answer": probs[0], "p_search": probs[1], "p_calculate": probs[2],
-                "weak_label": labels.get(rec.uid), "reward_task": parts.total, "reward_format": parts.format,
-                "reward_correctness": parts.correctness, "reward_length": parts.length,
-                "used_tool": res.usage.used_any_tool, "used_search": res.usage.used_search,
-                "used_calculate": res.usage.used_calculate, "n_tool_calls": res.usage.n_calls, "cost": res.cost,
-                "tool_names": json.dumps([c.name for c in res.tool_calls]),
-                "response_length": res.response_length, "response": res.response,
-            })
+            rows.append(
+                {
+                    "uid": rec.uid,
+                    "data_source": rec.data_source,
+                    "route": res.route,
+                    "p_answer": probs[0],
+                    "p_search": probs[1],
+                    "p_calculate": probs[2],
+                    "weak_label": labels.get(rec.uid),
+                    "reward_task": parts.total,
+                    "reward_format": parts.format,
+                    "reward_correctness": parts.correctness,
+                    "reward_length": parts.length,
+                    "used_tool": res.usage.used_any_tool,
+                    "used_search": res.usage.used_search,
+                    "used_calculate": res.usage.used_calculate,
+                    "n_tool_calls": res.usage.n_calls,
+                    "cost": res.cost,
+                    "tool_names": json.dumps([c.name for c in res.tool_calls]),
+                    "response_length": res.response_length,
+                    "response": res.response,
+                }
+            )
         log.info("scored %d / %d rows", len(rows), len(records))
     return rows
 
@@ -114,15 +132,21 @@ def main(argv: list[str] | None = None) -> int:
         records = records[: args.limit]
     if not records:
         raise SystemExit(f"{args.parquet}: no usable rows (skipped: {dict(skipped)})")
-    policy = load_router_policy(args.run or args.ckpt, device=args.device, dtype=args.dtype,
-                                max_new_tokens=args.max_new_tokens)
+    policy = load_router_policy(
+        args.run or args.ckpt, device=args.device, dtype=args.dtype, max_new_tokens=args.max_new_tokens
+    )
     reward_config = RewardConfig(**OmegaConf.to_container(policy.config.reward, resolve=True))
     t0 = time.perf_counter()
     frame = pd.DataFrame(evaluate_rows(policy, records, args, reward_config))
     summary = {
-        "checkpoint": str(policy.checkpoint), "global_step": policy.global_step, "parquet": str(args.parquet),
-        "skipped_rows": dict(skipped), "temperature": args.temperature, "forced_route": args.route,
-        **evaluation_summary(frame), "seconds": round(time.perf_counter() - t0, 2),
+        "checkpoint": str(policy.checkpoint),
+        "global_step": policy.global_step,
+        "parquet": str(args.parquet),
+        "skipped_rows": dict(skipped),
+        "temperature": args.temperature,
+        "forced_route": args.route,
+        **evaluation_summary(frame),
+        "seconds": round(time.perf_counter() - t0, 2),
     }
     if args.out:
         write_rows(frame, Path(args.out))

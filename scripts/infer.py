@@ -32,16 +32,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--prompt", help="user request text")
     what.add_argument("--parquet", help="RLLA-schema parquet: answer its rows' prompts")
-    p.add_argument("--system", help="system message for --prompt (default: synthetic RLLA prompt with --tools)")
-    p.add_argument("--tools", default=DEFAULT_TOOLS,
-                   help=f"synthetic tools listed by the default system prompt (default {DEFAULT_TOOLS})")
+    p.add_argument(
+        "--system", help="system message for --prompt (default: synthetic RLLA prompt with --tools)"
+    )
+    p.add_argument(
+        "--tools",
+        default=DEFAULT_TOOLS,
+        help=f"synthetic tools listed by the default system prompt (default {DEFAULT_TOOLS})",
+    )
     p.add_argument("--limit", type=int, default=5, help="rows of --parquet to answer (default 5; 0 = all)")
-    p.add_argument("--data-source", choices=["rlla", "rlla_gpt"],
-                   help="reward/format of the prompt (default: rlla for --prompt, each row's for --parquet)")
+    p.add_argument(
+        "--data-source",
+        choices=["rlla", "rlla_gpt"],
+        help="reward/format of the prompt (default: rlla for --prompt, each row's for --parquet)",
+    )
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--max-new-tokens", type=int, help="default: the run's rollout.max_new_tokens")
-    p.add_argument("--route", choices=["answer", "search", "calculate"], help="force a route instead of the router's")
+    p.add_argument(
+        "--route", choices=["answer", "search", "calculate"], help="force a route instead of the router's"
+    )
     p.add_argument("--sample-route", action="store_true", help="sample the route instead of the argmax")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", help="cpu, cuda, ... (default: cuda when available)")
@@ -72,36 +82,59 @@ def prompts_from(args) -> list[tuple[str, list[dict], str]]:
 
         ds = args.data_source or "rlla"
         system = args.system if args.system is not None else default_system(args.tools, ds)
-        return [("prompt", [{"role": "system", "content": system},
-                            {"role": "user", "content": build_user_turn(args.prompt)}], ds)]
+        return [
+            (
+                "prompt",
+                [
+                    {"role": "system", "content": system},
+                    {"role": "user", "content": build_user_turn(args.prompt)},
+                ],
+                ds,
+            )
+        ]
     from src.datamodules.schema import read_rlla_parquet
 
     records, skipped = read_rlla_parquet(args.parquet)
     if skipped:
-        logging.getLogger("infer").warning("%s: skipped %d malformed rows %s", args.parquet,
-                                           sum(skipped.values()), dict(skipped))
+        logging.getLogger("infer").warning(
+            "%s: skipped %d malformed rows %s", args.parquet, sum(skipped.values()), dict(skipped)
+        )
     if args.limit:
         records = records[: args.limit]
     return [(f"uid {r.uid}", r.messages, args.data_source or r.data_source) for r in records]
 
 
 def render(label: str, result) -> str:
-    probs = ("n/a (no router head)" if result.probs is None else
-             "  ".join(f"{n}={p:.3f}" for n, p in zip(("answer", "search", "calculate"), result.probs)))
-    calls = [f"  {c.name}({json.dumps(c.parameters)})" if c.name else f"  <unreadable> {c.raw}"
-             for c in result.tool_calls] or ["  (none)"]
-    return "\n".join([
-        RULE, f"[{label}] route: {result.route or 'none'}   probs: {probs}",
-        f"cost: {result.cost:g}   tokens: {result.response_length}",
-        "--- route-specific system prompt ---", result.messages[0]["content"],
-        "--- user ---", result.messages[-1]["content"],
-        "--- response ---", result.response,
-        "--- tools called ---", *calls,
-    ])
+    probs = (
+        "n/a (no router head)"
+        if result.probs is None
+        else "  ".join(f"{n}={p:.3f}" for n, p in zip(("answer", "search", "calculate"), result.probs))
+    )
+    calls = [
+        f"  {c.name}({json.dumps(c.parameters)})" if c.name else f"  <unreadable> {c.raw}"
+        for c in result.tool_calls
+    ] or ["  (none)"]
+    return "\n".join(
+        [
+            RULE,
+            f"[{label}] route: {result.route or 'none'}   probs: {probs}",
+            f"cost: {result.cost:g}   tokens: {result.response_length}",
+            "--- route-specific system prompt ---",
+            result.messages[0]["content"],
+            "--- user ---",
+            result.messages[-1]["content"],
+            "--- response ---",
+            result.response,
+            "--- tools called ---",
+            *calls,
+        ]
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s"
+    )
     args = parse_args(argv)
     import torch
 
@@ -109,12 +142,20 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.manual_seed(args.seed)
     prompts = prompts_from(args)
-    policy = load_router_policy(args.run or args.ckpt, device=args.device, dtype=args.dtype,
-                                max_new_tokens=args.max_new_tokens)
+    policy = load_router_policy(
+        args.run or args.ckpt, device=args.device, dtype=args.dtype, max_new_tokens=args.max_new_tokens
+    )
     generator = torch.Generator().manual_seed(args.seed)
     for label, messages, ds in prompts:
-        result = policy.respond(messages, ds, temperature=args.temperature, top_p=args.top_p, route=args.route,
-                                sample_route=args.sample_route, generator=generator)
+        result = policy.respond(
+            messages,
+            ds,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            route=args.route,
+            sample_route=args.sample_route,
+            generator=generator,
+        )
         if args.json:
             print(json.dumps({"id": label, "data_source": ds, **result.to_dict()}), flush=True)
         else:

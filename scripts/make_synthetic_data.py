@@ -41,9 +41,16 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         paths = write_synthetic_rlla(
-            args.out_dir, args.n_train, args.n_test, seed=args.seed,
-            p_search=args.p_search, p_calculate=args.p_calculate, p_answer=args.p_answer,
-            data_source=args.data_source, min_tools=args.min_tools, max_tools=args.max_tools,
+            args.out_dir,
+            args.n_train,
+            args.n_test,
+            seed=args.seed,
+            p_search=args.p_search,
+            p_calculate=args.p_calculate,
+            p_answer=args.p_answer,
+            data_source=args.data_source,
+            min_tools=args.min_tools,
+            max_tools=args.max_tools,
             max_params=args.max_params,
         )
     except ValueError as err:

@@ -54,8 +54,11 @@ def default_run_dir(start: str | Path | None = None, experiment: str = "router_g
     """
     start = Path(start or Path.cwd()).resolve()
     for root in (start, *start.parents):
-        runs = sorted(p for p in (root / "outputs" / experiment).glob("*")
-                      if (p / "checkpoints").is_dir() or (p / "rollouts").is_dir())
+        runs = sorted(
+            p
+            for p in (root / "outputs" / experiment).glob("*")
+            if (p / "checkpoints").is_dir() or (p / "rollouts").is_dir()
+        )
         if runs:
             return runs[-1]
     return None
@@ -105,7 +108,9 @@ def load_scalars(run_dir: str | Path, sub: str = "tensorboard") -> pd.DataFrame:
     if not rows:
         return pd.DataFrame()
     long = pd.DataFrame(rows, columns=["step", "wall_time", "tag", "value"]).sort_values("wall_time")
-    wide = long.drop_duplicates(["step", "tag"], keep="last").pivot(index="step", columns="tag", values="value")
+    wide = long.drop_duplicates(["step", "tag"], keep="last").pivot(
+        index="step", columns="tag", values="value"
+    )
     wide.columns.name = None
     return wide.sort_index()
 
@@ -118,8 +123,15 @@ def weak_labels_from_records(records, families=None) -> dict[int, str]:
     from src.rewards.tool_families import ToolFamilies, tool_descriptions, weak_label
 
     families = families or ToolFamilies()
-    return {r.uid: weak_label(r.ground_truth, families, fmt=response_format(r.data_source),
-                              descriptions=tool_descriptions(r.system)) for r in records}
+    return {
+        r.uid: weak_label(
+            r.ground_truth,
+            families,
+            fmt=response_format(r.data_source),
+            descriptions=tool_descriptions(r.system),
+        )
+        for r in records
+    }
 
 
 def weak_labels_for_run(manifest: Mapping[str, Any]) -> dict[int, str]:
@@ -141,7 +153,9 @@ def weak_labels_for_run(manifest: Mapping[str, Any]) -> dict[int, str]:
 
         cfg = OmegaConf.create(dict(config))
         if cfg.data.get("kind") not in ("synthetic", "files"):
-            log.warning("data.kind=%s has no prompts with ground truths: no weak labels", cfg.data.get("kind"))
+            log.warning(
+                "data.kind=%s has no prompts with ground truths: no weak labels", cfg.data.get("kind")
+            )
             return {}
         families = make_families(cfg)
         labels: dict[int, str] = {}
@@ -160,8 +174,10 @@ def with_weak_labels(rollouts: pd.DataFrame, labels: Mapping[int, str]) -> pd.Da
         return df
     existing = df["weak_label"].tolist() if "weak_label" in df.columns else [None] * len(df)
     uids = df["uid"].tolist() if "uid" in df.columns else [None] * len(df)
-    filled = [e if isinstance(e, str) else (labels.get(int(u)) if u is not None else None)
-              for e, u in zip(existing, uids)]
+    filled = [
+        e if isinstance(e, str) else (labels.get(int(u)) if u is not None else None)
+        for e, u in zip(existing, uids)
+    ]
     df["weak_label"] = pd.Series(filled, index=df.index, dtype=object)  # None (not NaN) where unknown
     return df
 
@@ -186,7 +202,9 @@ def reward_by_route(rollouts: pd.DataFrame, columns=("reward_task", "reward_rout
     return table.reindex([r for r in ROUTES if r in table.index])
 
 
-def confusion_table(frame: pd.DataFrame, label_col: str = "weak_label", route_col: str = "route") -> pd.DataFrame:
+def confusion_table(
+    frame: pd.DataFrame, label_col: str = "weak_label", route_col: str = "route"
+) -> pd.DataFrame:
     """Counts of (weak label, route): rows ANSWER/SEARCH/CALCULATE/MIXED, columns the routes.
 
     Rows without a weak label are left out.
@@ -206,7 +224,9 @@ def route_accuracy(confusion: pd.DataFrame) -> tuple[float | None, int]:
 
     Accuracy is None when no row is labelled ANSWER/SEARCH/CALCULATE.
     """
-    hits = sum(int(confusion.loc[_LABEL_OF_ROUTE[r], r]) for r in ROUTES if _LABEL_OF_ROUTE[r] in confusion.index)
+    hits = sum(
+        int(confusion.loc[_LABEL_OF_ROUTE[r], r]) for r in ROUTES if _LABEL_OF_ROUTE[r] in confusion.index
+    )
     n = int(confusion.drop(index="MIXED", errors="ignore").to_numpy().sum())
     return (hits / n if n else None), n
 
@@ -224,23 +244,31 @@ def evaluation_summary(rows: pd.DataFrame) -> dict[str, Any]:
         return float(rows[col].mean()) if n and col in rows.columns else None
 
     has_route = n and "route" in rows.columns and rows["route"].notna().any()
-    route_mix = ({r: float((rows["route"] == r).mean()) for r in ROUTES} if has_route else None)
+    route_mix = {r: float((rows["route"] == r).mean()) for r in ROUTES} if has_route else None
     confusion = confusion_table(rows) if has_route else None
     accuracy, n_labelled = route_accuracy(confusion) if confusion is not None else (None, 0)
     labels = rows["weak_label"].value_counts().to_dict() if n and "weak_label" in rows.columns else {}
     return {
         "n": n,
-        "reward": {"total": mean("reward_task"), "format": mean("reward_format"),
-                   "correctness": mean("reward_correctness"), "length": mean("reward_length")},
+        "reward": {
+            "total": mean("reward_task"),
+            "format": mean("reward_format"),
+            "correctness": mean("reward_correctness"),
+            "length": mean("reward_length"),
+        },
         "route_mix": route_mix,
         "tool_call_rate": mean("used_tool"),
         "mean_cost": mean("cost"),
         "mean_response_length": mean("response_length"),
         "weak_label_counts": {str(k): int(v) for k, v in labels.items()},
         "route_vs_weak_label": {
-            "accuracy": accuracy, "n_labelled": n_labelled,
-            "confusion": ({label: {r: int(confusion.loc[label, r]) for r in ROUTES} for label in confusion.index}
-                          if confusion is not None else None),
+            "accuracy": accuracy,
+            "n_labelled": n_labelled,
+            "confusion": (
+                {label: {r: int(confusion.loc[label, r]) for r in ROUTES} for label in confusion.index}
+                if confusion is not None
+                else None
+            ),
         },
     }
 
@@ -275,8 +303,12 @@ def plot_route_mix(mix: pd.DataFrame, scalars: pd.DataFrame | None = None):
     if mix.empty:
         ax.text(0.5, 0.5, "no routed rollouts", ha="center", va="center", transform=ax.transAxes)
     else:
-        ax.stackplot(mix.index.to_numpy(), *[mix[c].to_numpy() for c in mix.columns], labels=list(mix.columns),
-                     alpha=0.85)
+        ax.stackplot(
+            mix.index.to_numpy(),
+            *[mix[c].to_numpy() for c in mix.columns],
+            labels=list(mix.columns),
+            alpha=0.85,
+        )
         ax.set_ylim(0, 1)
         ax.legend(loc="upper right", fontsize="small")
     ax.set(xlabel="step", ylabel="fraction of rollouts", title="Route mix over training")
@@ -326,8 +358,10 @@ def plot_reward_by_route(table: pd.DataFrame):
         x = range(len(table))
         for k, col in enumerate(cols):
             ax.bar([i + k * width for i in x], table[col].to_numpy(), width=width, label=col)
-        ax.set_xticks([i + width * (len(cols) - 1) / 2 for i in x],
-                      [f"{r}\n(n={int(n)})" for r, n in zip(table.index, table["n"])])
+        ax.set_xticks(
+            [i + width * (len(cols) - 1) / 2 for i in x],
+            [f"{r}\n(n={int(n)})" for r, n in zip(table.index, table["n"])],
+        )
         ax.axhline(0, color="black", linewidth=0.5)
         ax.legend(fontsize="small")
     ax.set(ylabel="mean reward", title="Reward by route")
@@ -342,8 +376,14 @@ def plot_confusion(confusion: pd.DataFrame):
     image = ax.imshow(values, cmap="Blues")
     for i in range(values.shape[0]):
         for j in range(values.shape[1]):
-            ax.text(j, i, str(int(values[i, j])), ha="center", va="center",
-                    color="white" if values[i, j] > values.max() / 2 else "black")
+            ax.text(
+                j,
+                i,
+                str(int(values[i, j])),
+                ha="center",
+                va="center",
+                color="white" if values[i, j] > values.max() / 2 else "black",
+            )
     ax.set_xticks(range(values.shape[1]), list(confusion.columns))
     ax.set_yticks(range(values.shape[0]), list(confusion.index))
     accuracy, n = route_accuracy(confusion)

@@ -60,7 +60,9 @@ def resolve_run(run_dir_or_ckpt: str | Path) -> tuple[Path, dict[str, Any]]:
         raise FileNotFoundError(f"no run directory or checkpoint at {path}")
     manifest_path = ckpt_dir / "manifest.yaml"
     if not manifest_path.is_file():
-        raise FileNotFoundError(f"{manifest_path} not found: the run's resolved config is needed to rebuild the model")
+        raise FileNotFoundError(
+            f"{manifest_path} not found: the run's resolved config is needed to rebuild the model"
+        )
     manifest = yaml.safe_load(manifest_path.read_text()) or {}
     has_config = isinstance(manifest, Mapping) and isinstance(manifest.get("config"), Mapping)
     if not has_config:
@@ -81,8 +83,12 @@ class ToolCall:
 def _xml_calls(response: str) -> list[ToolCall]:
     from src.rewards.tool_usage import xml_call_lines
 
-    return [ToolCall(item["name"], item.get("parameters", item.get("arguments"))) if item is not None
-            else ToolCall(None, None, raw) for item, raw in xml_call_lines(response)[1]]
+    return [
+        ToolCall(item["name"], item.get("parameters", item.get("arguments")))
+        if item is not None
+        else ToolCall(None, None, raw)
+        for item, raw in xml_call_lines(response)[1]
+    ]
 
 
 def parse_tool_calls(response: str, fmt: str = "xml") -> list[ToolCall]:
@@ -174,42 +180,77 @@ class Policy:
 
         out = []
         for start in range(0, len(batch), self.micro_batch_size):
-            ids, mask = left_pad([self.prompt_ids(m) for m in batch[start:start + self.micro_batch_size]],
-                                 self.tokenizer.pad_token_id)
+            ids, mask = left_pad(
+                [self.prompt_ids(m) for m in batch[start : start + self.micro_batch_size]],
+                self.tokenizer.pad_token_id,
+            )
             out.append(torch.softmax(self.module.router_logits(ids, mask).float().cpu(), dim=-1))
         return torch.cat(out)
 
-    def route(self, messages: Sequence[Mapping[str, Any]], sample: bool = False,
-              generator: torch.Generator | None = None) -> tuple[str, list[float]]:
+    def route(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        sample: bool = False,
+        generator: torch.Generator | None = None,
+    ) -> tuple[str, list[float]]:
         """(route name, [p_answer, p_search, p_calculate]); argmax unless ``sample``."""
         probs = self.route_probs([messages])[0]
         action = int(torch.multinomial(probs, 1, generator=generator)) if sample else int(probs.argmax())
         return ROUTE_NAMES[action], probs.tolist()
 
-    def routed_messages(self, messages: Sequence[Mapping[str, Any]], route: Route | int | str,
-                        data_source: str = "rlla") -> list[dict[str, Any]]:
+    def routed_messages(
+        self, messages: Sequence[Mapping[str, Any]], route: Route | int | str, data_source: str = "rlla"
+    ) -> list[dict[str, Any]]:
         """The chat messages the actor sees under ``route`` (system message rewritten)."""
         from src.rollout.route_prompts import route_messages
 
-        return route_messages(messages, parse_route(route), self.families, mode=self.prompt_mode,
-                              fmt=response_format(data_source))
+        return route_messages(
+            messages,
+            parse_route(route),
+            self.families,
+            mode=self.prompt_mode,
+            fmt=response_format(data_source),
+        )
 
     # ------------------------------------------------------------------ answering
-    def respond(self, messages: Sequence[Mapping[str, Any]], data_source: str = "rlla", temperature: float = 0.0,
-                top_p: float = 1.0, max_new_tokens: int | None = None, route: Route | int | str | None = None,
-                sample_route: bool = False, generator: torch.Generator | None = None) -> InferenceResult:
+    def respond(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        data_source: str = "rlla",
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        max_new_tokens: int | None = None,
+        route: Route | int | str | None = None,
+        sample_route: bool = False,
+        generator: torch.Generator | None = None,
+    ) -> InferenceResult:
         """Route (unless ``route`` is forced), rewrite the prompt, generate once, parse the tool calls.
 
         ``temperature`` 0 is greedy decoding.
         """
-        return self.respond_batch([messages], [data_source], temperature, top_p, max_new_tokens,
-                                  None if route is None else [route], sample_route, generator)[0]
+        return self.respond_batch(
+            [messages],
+            [data_source],
+            temperature,
+            top_p,
+            max_new_tokens,
+            None if route is None else [route],
+            sample_route,
+            generator,
+        )[0]
 
     @torch.no_grad()
-    def respond_batch(self, batch: Sequence[Sequence[Mapping[str, Any]]], data_sources: Sequence[str],
-                      temperature: float = 0.0, top_p: float = 1.0, max_new_tokens: int | None = None,
-                      routes: Sequence[Route | int | str] | None = None, sample_route: bool = False,
-                      generator: torch.Generator | None = None) -> list[InferenceResult]:
+    def respond_batch(
+        self,
+        batch: Sequence[Sequence[Mapping[str, Any]]],
+        data_sources: Sequence[str],
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        max_new_tokens: int | None = None,
+        routes: Sequence[Route | int | str] | None = None,
+        sample_route: bool = False,
+        generator: torch.Generator | None = None,
+    ) -> list[InferenceResult]:
         """:meth:`respond` for P prompts at once (one batched generate call)."""
         from src.rewards.tool_families import tool_descriptions
         from src.rewards.tool_usage import tool_usage
@@ -217,26 +258,37 @@ class Policy:
         from src.rollout.single_turn import decode_response
 
         if len(batch) != len(data_sources) or (routes is not None and len(routes) != len(batch)):
-            raise ValueError(f"{len(batch)} prompts but {len(data_sources)} data sources"
-                             f"{'' if routes is None else f' and {len(routes)} routes'}")
+            raise ValueError(
+                f"{len(batch)} prompts but {len(data_sources)} data sources"
+                f"{'' if routes is None else f' and {len(routes)} routes'}"
+            )
         probs: list[list[float] | None] = [None] * len(batch)
         names: list[str | None] = [None] * len(batch)
         if routes is not None:
             names = [parse_route(r).label for r in routes]
         elif self.has_router:
             p = self.route_probs(batch)
-            actions = torch.multinomial(p, 1, generator=generator).squeeze(-1) if sample_route else p.argmax(-1)
+            actions = (
+                torch.multinomial(p, 1, generator=generator).squeeze(-1) if sample_route else p.argmax(-1)
+            )
             names = [ROUTE_NAMES[int(a)] for a in actions]
             probs = p.tolist()
         if self.has_router and routes is not None:
             probs = self.route_probs(batch).tolist()
-        routed = [self.routed_messages(m, r, ds) if r is not None else [dict(x) for x in m]
-                  for m, r, ds in zip(batch, names, data_sources)]
+        routed = [
+            self.routed_messages(m, r, ds) if r is not None else [dict(x) for x in m]
+            for m, r, ds in zip(batch, names, data_sources)
+        ]
         prompts = [self.prompt_ids(m) for m in routed]
-        engine = HFGenerateEngine(self.module.actor, self.tokenizer.pad_token_id, [self.tokenizer.eos_token_id],
-                                  self.micro_batch_size)
-        sampling = SamplingParams(n=1, temperature=temperature, top_p=top_p,
-                                  max_new_tokens=max_new_tokens or self.max_new_tokens)
+        engine = HFGenerateEngine(
+            self.module.actor,
+            self.tokenizer.pad_token_id,
+            [self.tokenizer.eos_token_id],
+            self.micro_batch_size,
+        )
+        sampling = SamplingParams(
+            n=1, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens or self.max_new_tokens
+        )
         completions = engine.generate(prompts, sampling)
         drop = {self.tokenizer.pad_token_id, self.tokenizer.eos_token_id}
         results = []
@@ -245,11 +297,19 @@ class Policy:
             text = decode_response(self.tokenizer, tokens, drop)
             system = next((m.get("content", "") for m in batch[i] if m.get("role") == "system"), "")
             usage = tool_usage(text, self.families, fmt=fmt, descriptions=tool_descriptions(system or ""))
-            results.append(InferenceResult(
-                route=names[i], probs=probs[i], messages=routed[i],
-                prompt_text=self.tokenizer.decode(prompts[i], skip_special_tokens=False),
-                response=text, response_length=len(tokens), tool_calls=parse_tool_calls(text, fmt),
-                usage=usage, cost=float(self.cost_fn(usage))))
+            results.append(
+                InferenceResult(
+                    route=names[i],
+                    probs=probs[i],
+                    messages=routed[i],
+                    prompt_text=self.tokenizer.decode(prompts[i], skip_special_tokens=False),
+                    response=text,
+                    response_length=len(tokens),
+                    tool_calls=parse_tool_calls(text, fmt),
+                    usage=usage,
+                    cost=float(self.cost_fn(usage)),
+                )
+            )
         return results
 
 
@@ -258,8 +318,12 @@ def _default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def load_router_policy(run_dir_or_ckpt: str | Path, device: str | None = None, dtype: str | None = None,
-                       max_new_tokens: int | None = None) -> Policy:
+def load_router_policy(
+    run_dir_or_ckpt: str | Path,
+    device: str | None = None,
+    dtype: str | None = None,
+    max_new_tokens: int | None = None,
+) -> Policy:
     """Rebuild a run's module from its manifest config and load a checkpoint's weights.
 
     Args:
@@ -287,19 +351,25 @@ def load_router_policy(run_dir_or_ckpt: str | Path, device: str | None = None, d
         raise ValueError(f"{ckpt}: no 'state_dict' (not a Lightning checkpoint)")
     missing, unexpected = module.load_state_dict(state["state_dict"], strict=False)
     if missing or unexpected:
-        raise ValueError(f"{ckpt}: weights do not match the config in its manifest: "
-                         f"missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
-                         f"unexpected {unexpected[:5]}{'...' if len(unexpected) > 5 else ''}")
+        raise ValueError(
+            f"{ckpt}: weights do not match the config in its manifest: "
+            f"missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
+            f"unexpected {unexpected[:5]}{'...' if len(unexpected) > 5 else ''}"
+        )
     module.to(device or _default_device()).eval().requires_grad_(False)
     router = cfg.router
     weights = OmegaConf.to_container(router.cost_weights, resolve=True) if router.get("cost_weights") else {}
     log.info("loaded %s (global step %s) on %s", ckpt, state.get("global_step"), device or _default_device())
     return Policy(
-        module=module, tokenizer=load_tokenizer(base), config=cfg, checkpoint=ckpt,
-        families=make_families(cfg), cost_fn=make_cost_fn(router.cost, **weights),
+        module=module,
+        tokenizer=load_tokenizer(base),
+        config=cfg,
+        checkpoint=ckpt,
+        families=make_families(cfg),
+        cost_fn=make_cost_fn(router.cost, **weights),
         prompt_mode=router.get("prompt_mode", "emphasis"),
         max_new_tokens=int(max_new_tokens or cfg.rollout.max_new_tokens),
-        micro_batch_size=int(cfg.rollout.get("micro_batch_size", 16)), global_step=state.get("global_step"),
+        micro_batch_size=int(cfg.rollout.get("micro_batch_size", 16)),
+        global_step=state.get("global_step"),
         extra={"lambda": float(state["state_dict"].get("lagrange_lambda", torch.tensor(0.0)))},
     )
-

@@ -43,8 +43,14 @@ def tiny(tiny_model_dir):
     return load_causal_lm(tiny_model_dir), load_tokenizer(tiny_model_dir)
 
 
-ROUTER_RUN_OVERRIDES = ["experiment=router_grpo", "sft.max_steps=2", "data.batch_size=2", "rollout.max_new_tokens=16",
-                        "router.lambda_lr=5.0", "trainer.save_freq=2"]
+ROUTER_RUN_OVERRIDES = [
+    "experiment=router_grpo",
+    "sft.max_steps=2",
+    "data.batch_size=2",
+    "rollout.max_new_tokens=16",
+    "router.lambda_lr=5.0",
+    "trainer.save_freq=2",
+]
 
 
 @pytest.fixture(scope="session")

@@ -11,9 +11,18 @@ from src.rewards.lagrange import lagrange_update
 
 def test_router_ddp_two_processes_use_the_global_cost(tmp_path):
     run_dir = tmp_path / "run"
-    run_train("experiment=router_grpo", f"run_dir={run_dir}", "trainer.strategy=ddp", "trainer.devices=2",
-              "trainer.max_steps=3", "data.batch_size=2", "rollout.max_new_tokens=16", "sft.max_steps=2",
-              "router.budget=0.2", "router.lambda_lr=1.0")
+    run_train(
+        "experiment=router_grpo",
+        f"run_dir={run_dir}",
+        "trainer.strategy=ddp",
+        "trainer.devices=2",
+        "trainer.max_steps=3",
+        "data.batch_size=2",
+        "rollout.max_new_tokens=16",
+        "sft.max_steps=2",
+        "router.budget=0.2",
+        "router.lambda_lr=1.0",
+    )
     rollouts = pd.concat([pd.read_parquet(p) for p in sorted((run_dir / "rollouts").glob("*.parquet"))])
     assert set(rollouts["rank"]) == {0, 1}
     lam = 0.0

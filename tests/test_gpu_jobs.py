@@ -10,8 +10,13 @@ from jobhelpers import run_train, scalars
 
 pytestmark = pytest.mark.gpu
 
-GPU = ["trainer.accelerator=gpu", "trainer.devices=1", "trainer.precision=bf16-mixed", "data.batch_size=2",
-       "rollout.max_new_tokens=16"]
+GPU = [
+    "trainer.accelerator=gpu",
+    "trainer.devices=1",
+    "trainer.precision=bf16-mixed",
+    "data.batch_size=2",
+    "rollout.max_new_tokens=16",
+]
 
 
 def test_grpo_bf16_on_one_gpu(tmp_path):
@@ -25,9 +30,16 @@ def test_sharded_strategy_runs_checkpoints_resumes_and_matches_single_device(tmp
         pytest.skip("deepspeed not installed")
     common = ["experiment=grpo", "trainer.save_freq=1", "algorithm.use_kl_loss=false", *GPU]
     run_train(*common, f"run_dir={tmp_path / 'single'}", "trainer.max_steps=2")
-    run_train(*common, f"run_dir={tmp_path / 'sharded'}", "trainer.max_steps=1", f"trainer.strategy={strategy}")
-    run_train(*common, f"run_dir={tmp_path / 'sharded'}", "trainer.max_steps=2", f"trainer.strategy={strategy}",
-              "resume=true")
+    run_train(
+        *common, f"run_dir={tmp_path / 'sharded'}", "trainer.max_steps=1", f"trainer.strategy={strategy}"
+    )
+    run_train(
+        *common,
+        f"run_dir={tmp_path / 'sharded'}",
+        "trainer.max_steps=2",
+        f"trainer.strategy={strategy}",
+        "resume=true",
+    )
     single, sharded = scalars(tmp_path / "single"), scalars(tmp_path / "sharded")
     assert sharded["train/reward_task_mean"][0][1] == pytest.approx(single["train/reward_task_mean"][0][1])
     assert sharded["train/entropy"][0][1] == pytest.approx(single["train/entropy"][0][1], rel=2e-2)

@@ -10,8 +10,13 @@ import yaml
 
 from jobhelpers import REPO, run_train, scalars, train_cmd
 
-REQUIRED = ["train/reward_task_mean", "train/kl", "train/entropy", "train/response_length_mean",
-            "train/tokens_per_sec"]
+REQUIRED = [
+    "train/reward_task_mean",
+    "train/kl",
+    "train/entropy",
+    "train/response_length_mean",
+    "train/tokens_per_sec",
+]
 
 
 def _optimizer_steps(ckpt_path) -> set[int]:
@@ -21,10 +26,17 @@ def _optimizer_steps(ckpt_path) -> set[int]:
 
 def test_grpo_sigint_resume_reaches_step_4(tmp_path):
     run_dir = tmp_path / "run"
-    overrides = ["experiment=grpo", "trainer.max_steps=4", "trainer.save_freq=2", f"run_dir={run_dir}",
-                 "rollout.max_new_tokens=24", "data.batch_size=2"]
-    proc = subprocess.Popen(train_cmd(*overrides), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+    overrides = [
+        "experiment=grpo",
+        "trainer.max_steps=4",
+        "trainer.save_freq=2",
+        f"run_dir={run_dir}",
+        "rollout.max_new_tokens=24",
+        "data.batch_size=2",
+    ]
+    proc = subprocess.Popen(
+        train_cmd(*overrides), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     ckpt2 = run_dir / "checkpoints" / "step_00000002.ckpt"
     deadline = time.time() + 400
     while not ckpt2.exists() and proc.poll() is None and time.time() < deadline:
@@ -54,7 +66,17 @@ def test_grpo_sigint_resume_reaches_step_4(tmp_path):
     rollouts = sorted((run_dir / "rollouts").glob("step_*.parquet"))
     assert [p.name for p in rollouts] == [f"step_{i:08d}.parquet" for i in range(4)]
     df = pd.read_parquet(rollouts[-1])
-    for col in ["step", "uid", "data_source", "used_tool", "cost", "reward_task", "reward_format",
-                "reward_correctness", "response_length", "response"]:
+    for col in [
+        "step",
+        "uid",
+        "data_source",
+        "used_tool",
+        "cost",
+        "reward_task",
+        "reward_format",
+        "reward_correctness",
+        "response_length",
+        "response",
+    ]:
         assert col in df.columns
     assert len(df) == 2 * 4  # batch_size prompts x rollout.n

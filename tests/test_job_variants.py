@@ -8,10 +8,19 @@ from jobhelpers import run_train, scalars
 
 def test_lora_with_ppo_minibatches_counts_one_global_step_per_rl_step(tmp_path):
     run_dir = tmp_path / "run"
-    run_train("experiment=grpo", f"run_dir={run_dir}", "trainer.max_steps=2", "model.lora.enable=true",
-              "algorithm.ppo_epochs=2", "algorithm.ppo_mini_batch_size=4", "algorithm.micro_batch_size=2",
-              "data.batch_size=2", "rollout.max_new_tokens=8", "algorithm.kl_estimator=k1",
-              "algorithm.loss_agg_mode=seq-mean-token-mean")
+    run_train(
+        "experiment=grpo",
+        f"run_dir={run_dir}",
+        "trainer.max_steps=2",
+        "model.lora.enable=true",
+        "algorithm.ppo_epochs=2",
+        "algorithm.ppo_mini_batch_size=4",
+        "algorithm.micro_batch_size=2",
+        "data.batch_size=2",
+        "rollout.max_new_tokens=8",
+        "algorithm.kl_estimator=k1",
+        "algorithm.loss_agg_mode=seq-mean-token-mean",
+    )
     last = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     assert last["global_step"] == 2
     assert any("lora_A" in k for k in last["state_dict"])
@@ -23,16 +32,30 @@ def test_lora_with_ppo_minibatches_counts_one_global_step_per_rl_step(tmp_path):
 
 def test_real_rlla_data_runs_as_is(tmp_path, shared_data):
     run_dir = tmp_path / "run"
-    run_train("experiment=grpo", "data=rlla", f"run_dir={run_dir}", "trainer.max_steps=1", "data.batch_size=1",
-              "rollout.n=2", "rollout.max_new_tokens=8", "data.max_prompt_length=1200")
+    run_train(
+        "experiment=grpo",
+        "data=rlla",
+        f"run_dir={run_dir}",
+        "trainer.max_steps=1",
+        "data.batch_size=1",
+        "rollout.n=2",
+        "rollout.max_new_tokens=8",
+        "data.max_prompt_length=1200",
+    )
     rows = pd.read_parquet(run_dir / "rollouts" / "step_00000000.parquet")
     assert set(rows["data_source"]) == {"rlla"} and len(rows) == 2
 
 
 def test_router_on_harmony_data(tmp_path):
     run_dir = tmp_path / "run"
-    run_train("experiment=router_grpo_gpt_oss", f"run_dir={run_dir}", "trainer.max_steps=1", "sft.max_steps=2",
-              "data.batch_size=2", "rollout.max_new_tokens=8")
+    run_train(
+        "experiment=router_grpo_gpt_oss",
+        f"run_dir={run_dir}",
+        "trainer.max_steps=1",
+        "sft.max_steps=2",
+        "data.batch_size=2",
+        "rollout.max_new_tokens=8",
+    )
     rows = pd.read_parquet(run_dir / "rollouts" / "step_00000000.parquet")
     assert set(rows["data_source"]) == {"rlla_gpt"}
     assert set(rows["route"]) <= {"answer", "search", "calculate"}
@@ -41,8 +64,16 @@ def test_router_on_harmony_data(tmp_path):
 
 def test_validation_logs_val_twins(tmp_path):
     run_dir = tmp_path / "run"
-    run_train("experiment=grpo", f"run_dir={run_dir}", "trainer.max_steps=2", "trainer.val_check_interval=2",
-              "trainer.limit_val_batches=1", "data.batch_size=2", "data.val_batch_size=3", "rollout.max_new_tokens=8")
+    run_train(
+        "experiment=grpo",
+        f"run_dir={run_dir}",
+        "trainer.max_steps=2",
+        "trainer.val_check_interval=2",
+        "trainer.limit_val_batches=1",
+        "data.batch_size=2",
+        "data.val_batch_size=3",
+        "rollout.max_new_tokens=8",
+    )
     series = scalars(run_dir)
     for tag in ("val/reward_task_mean", "val/response_length_mean", "val/tool_call_rate"):
         assert tag in series, sorted(series)
@@ -50,9 +81,19 @@ def test_validation_logs_val_twins(tmp_path):
 
 def test_router_sharing_the_actor_optimizer_trains_head_and_backbone(tmp_path):
     run_dir = tmp_path / "run"
-    run_train("experiment=router_grpo", f"run_dir={run_dir}", "trainer.max_steps=2", "sft.max_steps=2",
-              "router.separate_optimizer=false", "router.detach_backbone=false", "router.sup_coef=0.1",
-              "router.pooling=last", "data.batch_size=2", "rollout.max_new_tokens=8", "trainer.save_freq=1")
+    run_train(
+        "experiment=router_grpo",
+        f"run_dir={run_dir}",
+        "trainer.max_steps=2",
+        "sft.max_steps=2",
+        "router.separate_optimizer=false",
+        "router.detach_backbone=false",
+        "router.sup_coef=0.1",
+        "router.pooling=last",
+        "data.batch_size=2",
+        "rollout.max_new_tokens=8",
+        "trainer.save_freq=1",
+    )
     first = torch.load(run_dir / "checkpoints" / "step_00000001.ckpt", map_location="cpu", weights_only=False)
     last = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     assert len(last["optimizer_states"]) == 1 and len(last["optimizer_states"][0]["param_groups"]) == 2

@@ -14,8 +14,14 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_mlgym_grpo_two_steps(tmp_path):
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "scripts/train.py", "experiment=mlgym_grpo", "trainer.max_steps=2",
-           f"run_dir={run_dir}", f"cache_dir={REPO / '.cache' / 'toolrouter'}"]
+    cmd = [
+        sys.executable,
+        "scripts/train.py",
+        "experiment=mlgym_grpo",
+        "trainer.max_steps=2",
+        f"run_dir={run_dir}",
+        f"cache_dir={REPO / '.cache' / 'toolrouter'}",
+    ]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
 

@@ -20,8 +20,9 @@ def test_notebook_runs_headless_and_draws_every_figure(router_run, tmp_path):
     assert "RUN_DIR" in nb.cells[0].source and "parameters" in nb.cells[0].metadata.get("tags", [])
     figures = tmp_path / "figures"
     nb.cells[0].source = f"RUN_DIR = {str(router_run)!r}\nSAVE_DIR = {str(figures)!r}"
-    NotebookClient(nb, timeout=240, kernel_name="python3",
-                   resources={"metadata": {"path": str(NOTEBOOK.parent)}}).execute()
+    NotebookClient(
+        nb, timeout=240, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOK.parent)}}
+    ).execute()
     outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
     assert sum("image/png" in o.get("data", {}) for o in outputs) == len(FIGURES)
@@ -47,21 +48,24 @@ def test_run_artifacts_load_as_tables(router_run):
     assert ((mix.sum(axis=1) - 1).abs() < 1e-9).all()
     # the logged route fractions agree with the rollout log
     for route in mix.columns:
-        assert mix[route].to_numpy() == pytest.approx(scalars.loc[mix.index, f"train/route_frac_{route}"].to_numpy(),
-                                                      abs=1e-6)
+        assert mix[route].to_numpy() == pytest.approx(
+            scalars.loc[mix.index, f"train/route_frac_{route}"].to_numpy(), abs=1e-6
+        )
     labels = an.weak_labels_for_run(an.load_manifest(router_run))
     assert set(rollouts["uid"]) <= set(labels)
 
 
 def _random_rollouts(seed: int, n: int = 60) -> pd.DataFrame:
     rng = random.Random(seed)
-    return pd.DataFrame({
-        "step": [rng.randint(0, 4) for _ in range(n)],
-        "uid": [rng.randint(0, 9) for _ in range(n)],
-        "route": [rng.choice(["answer", "search", "calculate"]) for _ in range(n)],
-        "reward_task": [rng.uniform(-3, 4) for _ in range(n)],
-        "weak_label": [rng.choice(["ANSWER", "SEARCH", "CALCULATE", "MIXED", None]) for _ in range(n)],
-    })
+    return pd.DataFrame(
+        {
+            "step": [rng.randint(0, 4) for _ in range(n)],
+            "uid": [rng.randint(0, 9) for _ in range(n)],
+            "route": [rng.choice(["answer", "search", "calculate"]) for _ in range(n)],
+            "reward_task": [rng.uniform(-3, 4) for _ in range(n)],
+            "weak_label": [rng.choice(["ANSWER", "SEARCH", "CALCULATE", "MIXED", None]) for _ in range(n)],
+        }
+    )
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -79,7 +83,9 @@ def test_confusion_and_accuracy_match_a_plain_loop(seed):
             assert table.loc[label, route] == counts.get((label, route), 0)
     pairs = [(lab, r) for lab, r in zip(df["weak_label"], df["route"]) if not pd.isna(lab) and lab != "MIXED"]
     accuracy, n = an.route_accuracy(table)
-    assert n == len(pairs) and accuracy == pytest.approx(sum(lab.lower() == r for lab, r in pairs) / len(pairs))
+    assert n == len(pairs) and accuracy == pytest.approx(
+        sum(lab.lower() == r for lab, r in pairs) / len(pairs)
+    )
 
 
 def test_weak_label_join_keeps_logged_labels_and_fills_missing_ones():
@@ -99,8 +105,11 @@ def test_default_run_dir_is_the_newest_run_above_the_working_dir(tmp_path):
     from src import analysis as an
 
     runs = tmp_path / "outputs" / "router_grpo"
-    for stamp, sub in [("2026-01-01_00-00-00", "rollouts"), ("2026-02-01_00-00-00", "checkpoints"),
-                       ("2026-03-01_00-00-00", "notes")]:  # the last is not a run: no rollouts/checkpoints
+    for stamp, sub in [
+        ("2026-01-01_00-00-00", "rollouts"),
+        ("2026-02-01_00-00-00", "checkpoints"),
+        ("2026-03-01_00-00-00", "notes"),
+    ]:  # the last is not a run: no rollouts/checkpoints
         (runs / stamp / sub).mkdir(parents=True)
     (tmp_path / "notebooks").mkdir()
     assert an.default_run_dir(tmp_path / "notebooks") == runs / "2026-02-01_00-00-00"

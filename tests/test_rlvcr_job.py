@@ -25,11 +25,16 @@ def scalars(run_dir: Path) -> dict[str, list[float]]:
     return out
 
 
-
 def test_rlvcr_experiment_runs_two_steps(tmp_path):
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "scripts/train.py", "experiment=rlvcr", "trainer.max_steps=2", f"run_dir={run_dir}",
-           f"cache_dir={REPO / '.cache' / 'toolrouter'}"]
+    cmd = [
+        sys.executable,
+        "scripts/train.py",
+        "experiment=rlvcr",
+        "trainer.max_steps=2",
+        f"run_dir={run_dir}",
+        f"cache_dir={REPO / '.cache' / 'toolrouter'}",
+    ]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
 

@@ -5,11 +5,16 @@ import torch
 
 from jobhelpers import scalars
 
-ROUTER_TAGS = ["train/lambda", "train/cost_mean", "train/reward_router_mean", "train/route_frac_answer",
-               "train/route_frac_search", "train/route_frac_calculate", "train/tool_call_rate",
-               "train/router_entropy"]
-
-
+ROUTER_TAGS = [
+    "train/lambda",
+    "train/cost_mean",
+    "train/reward_router_mean",
+    "train/route_frac_answer",
+    "train/route_frac_search",
+    "train/route_frac_calculate",
+    "train/tool_call_rate",
+    "train/router_entropy",
+]
 
 
 def test_router_scalars_are_logged(router_run):

@@ -76,9 +76,13 @@ def build_world(n: int = 48, seed: int = 0, noise: float = 0.3) -> World:
     routes, kinds, skills, seen = [], [], [], {}
     for row in rows:
         ground_truth = row["reward_model"]["ground_truth"]
-        label = weak_label(ground_truth, families, descriptions=tool_descriptions(row["prompt"][0]["content"]))
+        label = weak_label(
+            ground_truth, families, descriptions=tool_descriptions(row["prompt"][0]["content"])
+        )
         route = weak_label_index(label)
-        assert Route(route).label == ground_truth_family(ground_truth)  # the labeller agrees with the generator
+        assert Route(route).label == ground_truth_family(
+            ground_truth
+        )  # the labeller agrees with the generator
         seen[route] = seen.get(route, 0) + 1
         sloppy = route != Route.ANSWER and seen[route] % 2 == 0  # every other tool row of a family
         routes.append(route)
@@ -97,11 +101,23 @@ def build_world(n: int = 48, seed: int = 0, noise: float = 0.3) -> World:
     mask = torch.zeros(n, SEQ_LEN, dtype=torch.long)
     for p in range(n):
         k = int(lengths[p])
-        ids[p, SEQ_LEN - k:] = torch.cat([torch.randint(1, N_JUNK + 1, (k - 1,), generator=g),
-                                          torch.tensor([1 + N_JUNK + p])])
-        mask[p, SEQ_LEN - k:] = 1
-    return World(rows, [int(r["extra_info"]["index"]) for r in rows], torch.tensor(routes), kinds_t,
-                 kinds_t < 2, (kinds_t >= 2) & (kinds_t < 4), table.rewards, table.costs, ids, mask, embedding)
+        ids[p, SEQ_LEN - k :] = torch.cat(
+            [torch.randint(1, N_JUNK + 1, (k - 1,), generator=g), torch.tensor([1 + N_JUNK + p])]
+        )
+        mask[p, SEQ_LEN - k :] = 1
+    return World(
+        rows,
+        [int(r["extra_info"]["index"]) for r in rows],
+        torch.tensor(routes),
+        kinds_t,
+        kinds_t < 2,
+        (kinds_t >= 2) & (kinds_t < 4),
+        table.rewards,
+        table.costs,
+        ids,
+        mask,
+        embedding,
+    )
 
 
 class FrozenEmbeddingLM(nn.Module):
@@ -135,8 +151,9 @@ class RouterHost:
         self.actor, self.router_head = actor, head
         self.device = torch.device("cpu")
         self.algo = SimpleNamespace(adv_eps=1e-6, norm_adv_by_std=True)
-        self.router_cfg = SimpleNamespace(entropy_coef=entropy_coef, sup_coef=0.0, detach_backbone=True,
-                                          norm_adv_by_std=True)
+        self.router_cfg = SimpleNamespace(
+            entropy_coef=entropy_coef, sup_coef=0.0, detach_backbone=True, norm_adv_by_std=True
+        )
         self.lagrange_lambda = torch.tensor(0.0)
         self.last_rollout = None
         self.logged: list[dict] = []
@@ -145,8 +162,9 @@ class RouterHost:
         self.logged.append(dict(metrics))
 
 
-def rollout_batch(world: World, idx: torch.Tensor, copies: int, lam: float, generator: torch.Generator,
-                  host: RouterHost) -> RolloutBatch:
+def rollout_batch(
+    world: World, idx: torch.Tensor, copies: int, lam: float, generator: torch.Generator, host: RouterHost
+) -> RolloutBatch:
     """One step's rollouts: P prompts × G copies, each copy samples its own route."""
     ids, mask = world.prompt_ids[idx], world.prompt_mask[idx]
     logits = host.router_logits(ids, mask).repeat_interleave(copies, dim=0)
@@ -155,11 +173,20 @@ def rollout_batch(world: World, idx: torch.Tensor, copies: int, lam: float, gene
     r_task = world.rewards[rows, out.router_action]
     cost = world.costs[rows, out.router_action]
     n = len(rows)
-    router = RouterRollout(ids, mask, torch.arange(len(idx)).repeat_interleave(copies), out.router_action,
-                           out.router_log_prob, r_task - lam * cost, cost, torch.full((n,), -1))
+    router = RouterRollout(
+        ids,
+        mask,
+        torch.arange(len(idx)).repeat_interleave(copies),
+        out.router_action,
+        out.router_log_prob,
+        r_task - lam * cost,
+        cost,
+        torch.full((n,), -1),
+    )
     empty = torch.zeros(n, 0)
-    return RolloutBatch(empty.long(), empty.long(), empty, r_task, [world.uids[int(r)] for r in rows], empty,
-                        router=router)
+    return RolloutBatch(
+        empty.long(), empty.long(), empty, r_task, [world.uids[int(r)] for r in rows], empty, router=router
+    )
 
 
 @dataclass
@@ -172,13 +199,25 @@ class Run:
     seconds: float
 
 
-def train(world: World, budget: float, steps: int = 300, prompts: int = 16, copies: int = 8, k: int = 5,
-          eta: float = 0.5, lr: float = 3e-3, entropy_coef: float = 0.0, seed: int = 0, window: int = 50) -> Run:
+def train(
+    world: World,
+    budget: float,
+    steps: int = 300,
+    prompts: int = 16,
+    copies: int = 8,
+    k: int = 5,
+    eta: float = 0.5,
+    lr: float = 3e-3,
+    entropy_coef: float = 0.0,
+    seed: int = 0,
+    window: int = 50,
+) -> Run:
     start = time.perf_counter()
     torch.manual_seed(seed)
     generator = torch.Generator().manual_seed(seed)
-    host = RouterHost(FrozenEmbeddingLM(world.embedding), RouterHead(HIDDEN, mlp_hidden=32, pooling="last"),
-                      entropy_coef)
+    host = RouterHost(
+        FrozenEmbeddingLM(world.embedding), RouterHead(HIDDEN, mlp_hidden=32, pooling="last"), entropy_coef
+    )
     optimizer = torch.optim.Adam(host.router_head.parameters(), lr=lr)
     callback = LagrangeCallback(budget=budget, lr=eta, every_k_steps=k)
     lambdas, costs = [], []
@@ -243,11 +282,16 @@ def test_scripted_responses_score_through_the_real_chain(world):
     row = world.rows[int(torch.nonzero(world.high)[0])]
     ground_truth = row["reward_model"]["ground_truth"]
     route = int(world.routes[int(torch.nonzero(world.high)[0])])
-    assert responder.respond(row["prompt"][0]["content"], row["prompt"][1]["content"], ground_truth, route) == ground_truth
+    assert (
+        responder.respond(row["prompt"][0]["content"], row["prompt"][1]["content"], ground_truth, route)
+        == ground_truth
+    )
     with pytest.raises(ValueError, match="skill"):
         responder.respond("", "", ground_truth, route, skill="perfect")
     # no tool of the route's family listed: a generic one is called anyway (a tool route always calls)
-    text = responder.respond("no tools here", "<user> hi </user>", "<think> x </think>\n<response> y </response>", "search")
+    text = responder.respond(
+        "no tools here", "<user> hi </user>", "<think> x </think>\n<response> y </response>", "search"
+    )
     assert '"name": "web_search"' in text and '"input": "hi"' in text
     with pytest.raises(ValueError, match="row 0"):
         route_table([{"prompt": []}], ["exact"], ToolFamilies(), make_cost_fn("any_tool"))
@@ -331,7 +375,9 @@ class _FakeModule:
         pass
 
 
-def _feed(callback: LagrangeCallback, module: _FakeModule, costs: list[torch.Tensor], start: int = 0) -> list[float]:
+def _feed(
+    callback: LagrangeCallback, module: _FakeModule, costs: list[torch.Tensor], start: int = 0
+) -> list[float]:
     """Run the callback over one step per cost tensor; λ after each step."""
     out = []
     for step, cost in enumerate(costs, start=start):

@@ -19,8 +19,18 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 log = logging.getLogger(__name__)
 
-PACKAGES = ("torch", "lightning", "transformers", "peft", "hydra-core", "tokenizers", "pandas", "pyarrow", "vllm",
-            "deepspeed")
+PACKAGES = (
+    "torch",
+    "lightning",
+    "transformers",
+    "peft",
+    "hydra-core",
+    "tokenizers",
+    "pandas",
+    "pyarrow",
+    "vllm",
+    "deepspeed",
+)
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -45,8 +55,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 def git_commit(cwd: str | os.PathLike | None = None) -> str | None:
     try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True,
-                              timeout=5, check=True).stdout.strip()
+        return subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=5, check=True
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
 

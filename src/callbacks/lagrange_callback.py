@@ -39,22 +39,39 @@ class LagrangeCallback(pl.Callback):
         if self.steps % self.every:
             return
         # every rank sees its own share of the rollouts: λ must come from the global mean
-        totals = trainer.strategy.reduce(torch.tensor([self.cost_sum, self.reward_sum, float(self.count)],
-                                                      dtype=torch.float64, device=pl_module.device), reduce_op="sum")
+        totals = trainer.strategy.reduce(
+            torch.tensor(
+                [self.cost_sum, self.reward_sum, float(self.count)],
+                dtype=torch.float64,
+                device=pl_module.device,
+            ),
+            reduce_op="sum",
+        )
         self.cost_sum, self.reward_sum, self.count = float(totals[0]), float(totals[1]), int(totals[2])
         mean_cost = self.cost_sum / max(self.count, 1)
         lam = lagrange_update(float(pl_module.lagrange_lambda), mean_cost, self.budget, self.lr)
         if self.lambda_max is not None:
             lam = min(lam, self.lambda_max)
         pl_module.lagrange_lambda.fill_(lam)
-        pl_module.log_dict({"train/lambda_next": lam, "train/cost_window_mean": mean_cost,
-                            "train/reward_task_window_mean": self.reward_sum / max(self.count, 1)},
-                           on_step=True, logger=True)
+        pl_module.log_dict(
+            {
+                "train/lambda_next": lam,
+                "train/cost_window_mean": mean_cost,
+                "train/reward_task_window_mean": self.reward_sum / max(self.count, 1),
+            },
+            on_step=True,
+            logger=True,
+        )
         self.cost_sum = self.reward_sum = 0.0
         self.count = 0
 
     def state_dict(self) -> dict[str, Any]:
-        return {"cost_sum": self.cost_sum, "reward_sum": self.reward_sum, "count": self.count, "steps": self.steps}
+        return {
+            "cost_sum": self.cost_sum,
+            "reward_sum": self.reward_sum,
+            "count": self.count,
+            "steps": self.steps,
+        }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.__dict__.update({k: state_dict[k] for k in ("cost_sum", "reward_sum", "count", "steps")})

@@ -126,7 +126,9 @@ def _parse_call_line(line: str, number: int) -> dict[str, Any]:
     if not isinstance(name, str) or not name.strip() or "\n" in name:
         raise ConversionError(f"tool call line {number}: bad name {name!r}")
     if not isinstance(params, dict):
-        raise ConversionError(f"tool call line {number}: parameters are {type(params).__name__}, not an object")
+        raise ConversionError(
+            f"tool call line {number}: parameters are {type(params).__name__}, not an object"
+        )
     _check_text(name, f"tool call line {number}'s name")
     return {"name": name, "parameters": params}
 
@@ -159,7 +161,9 @@ def parse_xml_turn(xml_text: str) -> XmlTurn:
             if close < 0:
                 raise ConversionError("<tool_call> without </tool_call>")
             body = rest[pos + len("<tool_call>") : close]
-            calls = [_parse_call_line(ln.strip(), i) for i, ln in enumerate(body.split("\n"), 1) if ln.strip()]
+            calls = [
+                _parse_call_line(ln.strip(), i) for i, ln in enumerate(body.split("\n"), 1) if ln.strip()
+            ]
             if not calls:
                 raise ConversionError("empty <tool_call> block")
             pos = close + len("</tool_call>")
@@ -303,7 +307,9 @@ class ConversionStats:
         }
 
     def log(self, what: str) -> None:
-        log.info("%s: %d rows, %d converted, %d failed", what, self.n_rows, self.n_converted, len(self.failures))
+        log.info(
+            "%s: %d rows, %d converted, %d failed", what, self.n_rows, self.n_converted, len(self.failures)
+        )
         for pattern in PATTERNS:
             log.info("%s:   %-30s %d", what, pattern, self.patterns.get(pattern, 0))
         for index, reason in self.failures:
@@ -356,7 +362,10 @@ def convert_row(row: Mapping[str, Any], stats: ConversionStats | None = None) ->
     out = dict(row)
     out["prompt"] = _convert_messages(_require(row, "prompt"))
     try:  # last step that can fail, so a failing row never reaches stats.patterns
-        out["reward_model"] = {**reward_model, "ground_truth": _convert_target(reward_model["ground_truth"], stats)}
+        out["reward_model"] = {
+            **reward_model,
+            "ground_truth": _convert_target(reward_model["ground_truth"], stats),
+        }
     except ConversionError as err:
         raise ConversionError(f"reward_model.ground_truth: {err}") from err
     out["data_source"] = GPT_OSS_DATA_SOURCE

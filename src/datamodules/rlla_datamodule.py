@@ -149,18 +149,27 @@ class RLLADataModule(L.LightningDataModule):
                 verb = "dropped" if self.filter_overlong else "kept (not filtered)"
                 log.warning(
                     "%s: %s %d of %d rows longer than %d prompt tokens",
-                    Path(path).name, verb, n_long, len(rows), self.max_prompt_length,
+                    Path(path).name,
+                    verb,
+                    n_long,
+                    len(rows),
+                    self.max_prompt_length,
                 )
                 if self.filter_overlong:
                     dropped["overlong"] += n_long
         _warn_duplicate_uids(records, split)
         self.stats[split] = {
-            "files": len(files), "read": read, "kept": len(records), "dropped": dict(dropped),
+            "files": len(files),
+            "read": read,
+            "kept": len(records),
+            "dropped": dict(dropped),
         }
         log.info("RLLA %s: %s", split, self.stats[split])
         if files and not records:
-            raise ValueError(f"no {split} rows left in {files}: {self.stats[split]} "
-                             f"(max_prompt_length={self.max_prompt_length}; raise data.max_prompt_length?)")
+            raise ValueError(
+                f"no {split} rows left in {files}: {self.stats[split]} "
+                f"(max_prompt_length={self.max_prompt_length}; raise data.max_prompt_length?)"
+            )
         return RLLADataset(records)
 
     def setup(self, stage: str | None = None) -> None:
@@ -234,5 +243,7 @@ def _warn_duplicate_uids(records: list[dict[str, Any]], split: str) -> None:
         log.warning(
             "RLLA %s: %d uids (extra_info.index) appear in more than one row, e.g. %s; "
             "GRPO groups them together if batched together",
-            split, len(dups), list(dups)[:5],
+            split,
+            len(dups),
+            list(dups)[:5],
         )

@@ -190,7 +190,11 @@ def extract_records(df: pd.DataFrame, path: str | Path | None = None) -> tuple[l
     if skipped:
         log.warning(
             "%s: skipped %d of %d malformed rows %s (first: %s)",
-            _name(path), sum(skipped.values()), len(df), dict(skipped), first_error,
+            _name(path),
+            sum(skipped.values()),
+            len(df),
+            dict(skipped),
+            first_error,
         )
     return records, skipped
 

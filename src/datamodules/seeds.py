@@ -52,8 +52,9 @@ class SeedDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         self._sampler = EpochSeededSampler(len(self.train_dataset), self.seed, self.shuffle)
         self._sampler.set_epoch(self._epoch)
-        return DataLoader(self.train_dataset, batch_size=self.batch_size, sampler=self._sampler,
-                          collate_fn=list_collate)
+        return DataLoader(
+            self.train_dataset, batch_size=self.batch_size, sampler=self._sampler, collate_fn=list_collate
+        )
 
     def val_dataloader(self) -> list:
         return []  # episodes have no held-out split yet

@@ -152,28 +152,81 @@ def _answer_ground_truth(think: str, response: str) -> str:
 
 # ---------------------------------------------------------------- request templates
 _CITIES = [
-    "Paris", "Tokyo", "Oslo", "Cairo", "Lima", "Berlin", "Madrid", "Toronto", "Sydney", "Nairobi",
-    "Seoul", "Dublin", "Chicago", "Mumbai", "Lisbon", "Prague", "Denver", "Vienna", "Bangkok", "Boston",
+    "Paris",
+    "Tokyo",
+    "Oslo",
+    "Cairo",
+    "Lima",
+    "Berlin",
+    "Madrid",
+    "Toronto",
+    "Sydney",
+    "Nairobi",
+    "Seoul",
+    "Dublin",
+    "Chicago",
+    "Mumbai",
+    "Lisbon",
+    "Prague",
+    "Denver",
+    "Vienna",
+    "Bangkok",
+    "Boston",
 ]
 _TOPICS = [
-    "electric cars", "the stock market", "space exploration", "climate policy", "the Olympics",
-    "artificial intelligence", "housing prices", "renewable energy", "the World Cup", "vaccines",
-    "cryptocurrency", "video games", "the film festival", "public transport", "solar panels",
+    "electric cars",
+    "the stock market",
+    "space exploration",
+    "climate policy",
+    "the Olympics",
+    "artificial intelligence",
+    "housing prices",
+    "renewable energy",
+    "the World Cup",
+    "vaccines",
+    "cryptocurrency",
+    "video games",
+    "the film festival",
+    "public transport",
+    "solar panels",
 ]
 _SYMBOLS = ["AAPL", "MSFT", "TSLA", "AMZN", "NVDA", "GOOG", "META", "IBM", "INTC", "NFLX", "ORCL", "SAP"]
 _TITLES = [
-    "Photosynthesis", "The Roman Empire", "Marie Curie", "Black holes", "The Great Wall",
-    "Plate tectonics", "Jazz", "The printing press", "Volcanoes", "Ada Lovelace", "The Amazon River",
-    "Quantum computing", "Ancient Egypt", "The Moon landing", "Honeybees",
+    "Photosynthesis",
+    "The Roman Empire",
+    "Marie Curie",
+    "Black holes",
+    "The Great Wall",
+    "Plate tectonics",
+    "Jazz",
+    "The printing press",
+    "Volcanoes",
+    "Ada Lovelace",
+    "The Amazon River",
+    "Quantum computing",
+    "Ancient Egypt",
+    "The Moon landing",
+    "Honeybees",
 ]
 _QUERIES = [
-    "best hiking trails near {city}", "cheap flights to {city}", "vegan restaurants in {city}",
-    "museums in {city}", "how to learn {lang}", "{lang} tutorial for beginners", "used bikes in {city}",
+    "best hiking trails near {city}",
+    "cheap flights to {city}",
+    "vegan restaurants in {city}",
+    "museums in {city}",
+    "how to learn {lang}",
+    "{lang} tutorial for beginners",
+    "used bikes in {city}",
 ]
 _LANGS = ["Python", "Spanish", "guitar", "chess", "Rust", "painting", "French", "SQL"]
 _UNITS = [
-    ("km", "miles"), ("miles", "km"), ("kg", "pounds"), ("pounds", "kg"), ("celsius", "fahrenheit"),
-    ("meters", "feet"), ("liters", "gallons"), ("inches", "cm"),
+    ("km", "miles"),
+    ("miles", "km"),
+    ("kg", "pounds"),
+    ("pounds", "kg"),
+    ("celsius", "fahrenheit"),
+    ("meters", "feet"),
+    ("liters", "gallons"),
+    ("inches", "cm"),
 ]
 _CURRENCIES = ["USD", "EUR", "GBP", "JPY", "CAD", "CHF", "AUD", "INR"]
 
@@ -190,20 +243,29 @@ def _num(rng: _R, lo: int, hi: int) -> int | float:
 # phrasings per search tool; {q} is copied verbatim into the call's one parameter
 _PHRASES = {
     "web_search": [
-        "Search the web for {q}.", "Can you search online for {q}?", "Find web results about {q}.",
+        "Search the web for {q}.",
+        "Can you search online for {q}?",
+        "Find web results about {q}.",
     ],
     "news_lookup": [
-        "What is the latest news about {q}?", "Get me recent headlines on {q}.", "Any news on {q} today?",
+        "What is the latest news about {q}?",
+        "Get me recent headlines on {q}.",
+        "Any news on {q} today?",
     ],
     "weather_lookup": [
-        "What's the weather in {q} right now?", "Is it raining in {q} today?", "Check the weather in {q}.",
+        "What's the weather in {q} right now?",
+        "Is it raining in {q} today?",
+        "Check the weather in {q}.",
     ],
     "stock_quote": [
-        "What is the current stock price of {q}?", "Get me a quote for {q} shares.",
+        "What is the current stock price of {q}?",
+        "Get me a quote for {q} shares.",
         "How is {q} trading now?",
     ],
     "wiki_lookup": [
-        "Look up {q} on Wikipedia.", "Find the encyclopedia article on {q}.", "Get the wiki summary of {q}.",
+        "Look up {q} on Wikipedia.",
+        "Find the encyclopedia article on {q}.",
+        "Get the wiki summary of {q}.",
     ],
 }
 
@@ -352,7 +414,13 @@ def _n_params(*tools: ToolSpec) -> int:
 
 
 def _make_row(
-    rng: _R, kind: str, index: int, split: str, data_source: str, min_tools: int, max_tools: int,
+    rng: _R,
+    kind: str,
+    index: int,
+    split: str,
+    data_source: str,
+    min_tools: int,
+    max_tools: int,
     max_params: int,
 ) -> dict:
     if kind == "answer":
@@ -371,7 +439,11 @@ def _make_row(
         "ability": "math",  # ToolRL's files carry "math" for every row
         "reward_model": {"ground_truth": ground_truth, "style": "rule"},
         "extra_info": {
-            "index": index, "input": user, "instruction": system, "output": ground_truth, "split": split,
+            "index": index,
+            "input": user,
+            "instruction": system,
+            "output": ground_truth,
+            "split": split,
         },
     }
 
@@ -440,8 +512,13 @@ def write_synthetic_rlla(
     so uids are unique over both files.
     """
     common = dict(
-        p_search=p_search, p_calculate=p_calculate, p_answer=p_answer, data_source=data_source,
-        min_tools=min_tools, max_tools=max_tools, max_params=max_params,
+        p_search=p_search,
+        p_calculate=p_calculate,
+        p_answer=p_answer,
+        data_source=data_source,
+        min_tools=min_tools,
+        max_tools=max_tools,
+        max_params=max_params,
     )
     train = generate_rlla_rows(n_train, seed, split="train", start_index=0, **common)
     test = generate_rlla_rows(n_test, seed + 1, split="test", start_index=n_train, **common)
@@ -453,7 +530,7 @@ def write_synthetic_rlla(
 
 
 def ground_truth_family(ground_truth: str) -> str:
-    """"answer" (no tool call), a tool family of the catalogue, "mixed", or "unknown" (tool not listed)."""
+    """ "answer" (no tool call), a tool family of the catalogue, "mixed", or "unknown" (tool not listed)."""
     if "<tool_call>" not in ground_truth:
         return "answer"
     block = ground_truth.split("<tool_call>")[1].split("</tool_call>")[0].strip()

@@ -12,8 +12,14 @@ from src.models.tiny import TinyModelSpec, ensure_tiny_model
 
 log = logging.getLogger(__name__)
 
-_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-           "float16": torch.float16, "fp16": torch.float16}
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
 
 
 @dataclass
@@ -47,8 +53,9 @@ def load_tokenizer(path: Path):
     return tok
 
 
-def load_causal_lm(path: Path, dtype: str = "float32", lora: LoraSettings | None = None,
-                   gradient_checkpointing: bool = False):
+def load_causal_lm(
+    path: Path, dtype: str = "float32", lora: LoraSettings | None = None, gradient_checkpointing: bool = False
+):
     """An HF causal LM from ``path``, optionally wrapped with LoRA adapters (peft)."""
     from transformers import AutoModelForCausalLM
 
@@ -61,10 +68,16 @@ def load_causal_lm(path: Path, dtype: str = "float32", lora: LoraSettings | None
     if lora is not None and lora.enable:
         from peft import LoraConfig, get_peft_model
 
-        model = get_peft_model(model, LoraConfig(
-            r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-            target_modules=list(lora.target_modules), task_type="CAUSAL_LM",
-        ))
+        model = get_peft_model(
+            model,
+            LoraConfig(
+                r=lora.r,
+                lora_alpha=lora.alpha,
+                lora_dropout=lora.dropout,
+                target_modules=list(lora.target_modules),
+                task_type="CAUSAL_LM",
+            ),
+        )
     return model
 
 

@@ -82,7 +82,9 @@ def kl_k3(log_probs: torch.Tensor, ref_log_probs: torch.Tensor) -> torch.Tensor:
 KL_ESTIMATORS.register("low_var_kl")(kl_k3)
 
 
-def token_log_probs_and_entropy(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def token_log_probs_and_entropy(
+    logits: torch.Tensor, targets: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-prob of ``targets`` and the full-distribution entropy at each position.
 
     Args:

@@ -10,7 +10,9 @@ from torch import nn
 N_ROUTES = 3
 
 
-def prompt_representation(hidden: torch.Tensor, attention_mask: torch.Tensor, pooling: str = "last") -> torch.Tensor:
+def prompt_representation(
+    hidden: torch.Tensor, attention_mask: torch.Tensor, pooling: str = "last"
+) -> torch.Tensor:
     """Pool the final hidden states of a prompt batch.
 
     Args:
@@ -57,7 +59,9 @@ class RouterHead(nn.Module):
         return self.mlp(rep.to(self.mlp[1].weight.dtype))
 
     @staticmethod
-    def act(logits: torch.Tensor, sample: bool = True, generator: torch.Generator | None = None) -> RouterOutput:
+    def act(
+        logits: torch.Tensor, sample: bool = True, generator: torch.Generator | None = None
+    ) -> RouterOutput:
         """Sample (or argmax) an action per row from logits [B, 3]."""
         log_probs = torch.log_softmax(logits.float(), dim=-1)
         if sample:

@@ -25,8 +25,18 @@ CHAT_SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 HARMONY_TOKENS = ["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|call|>", "<|return|>"]
 # XML / RLVCR tags: added as normal (non-special) tokens so decoding keeps them.
 TAG_TOKENS = [
-    "<think>", "</think>", "<tool_call>", "</tool_call>", "<response>", "</response>",
-    "<level>", "</level>", "<action>", "</action>", "<obs>", "</obs>",
+    "<think>",
+    "</think>",
+    "<tool_call>",
+    "</tool_call>",
+    "<response>",
+    "</response>",
+    "<level>",
+    "</level>",
+    "<action>",
+    "</action>",
+    "<obs>",
+    "</obs>",
 ]
 
 CHATML_TEMPLATE = (

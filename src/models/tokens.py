@@ -19,11 +19,17 @@ def harmony_token_ids(tokenizer) -> dict[str, int]:
     for token in HARMONY_SPECIAL_TOKENS:
         encoded = tokenizer.encode(token, add_special_tokens=False)
         if len(encoded) != 1:
-            raise ValueError(f"harmony token {token!r} encodes as {len(encoded)} tokens {encoded}; the tokenizer "
-                             "must hold the six harmony control tokens as single tokens")
+            raise ValueError(
+                f"harmony token {token!r} encodes as {len(encoded)} tokens {encoded}; the tokenizer "
+                "must hold the six harmony control tokens as single tokens"
+            )
         ids[token] = encoded[0]
     if ids["<|start|>"] == GPT_OSS_TOKEN_IDS["<|start|>"]:
-        wrong = {t: (ids[t], GPT_OSS_TOKEN_IDS[t]) for t in HARMONY_SPECIAL_TOKENS if ids[t] != GPT_OSS_TOKEN_IDS[t]}
+        wrong = {
+            t: (ids[t], GPT_OSS_TOKEN_IDS[t])
+            for t in HARMONY_SPECIAL_TOKENS
+            if ids[t] != GPT_OSS_TOKEN_IDS[t]
+        }
         if wrong:
             raise ValueError(f"GPT-OSS tokenizer with unexpected harmony ids (got, expected): {wrong}")
     return ids

@@ -15,7 +15,9 @@ def reward_fn(data_source: str) -> Callable[..., RewardBreakdown]:
     try:
         module = _REWARD_MODULES[data_source]
     except KeyError:
-        raise KeyError(f"no reward for data_source={data_source!r}; known: {sorted(_REWARD_MODULES)}") from None
+        raise KeyError(
+            f"no reward for data_source={data_source!r}; known: {sorted(_REWARD_MODULES)}"
+        ) from None
     return importlib.import_module(module).compute_score
 
 
@@ -27,6 +29,7 @@ def response_format(data_source: str) -> str:
         raise KeyError(f"unknown data_source={data_source!r}; known: {sorted(_FORMATS)}") from None
 
 
-def score(data_source: str, response: str, ground_truth: str, step: int = 0,
-          config: RewardConfig | None = None) -> RewardBreakdown:
+def score(
+    data_source: str, response: str, ground_truth: str, step: int = 0, config: RewardConfig | None = None
+) -> RewardBreakdown:
     return reward_fn(data_source)(response, ground_truth, step=step, config=config)

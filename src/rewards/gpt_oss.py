@@ -131,17 +131,29 @@ def compute_score(
     config = config or RewardConfig()
     parsed = parse_harmony(normalize_response(response if isinstance(response, str) else ""))
     if not isinstance(ground_truth, str):
-        log.error("gpt_oss reward: ground truth is %s, not a string; row scored 0", type(ground_truth).__name__)
+        log.error(
+            "gpt_oss reward: ground truth is %s, not a string; row scored 0", type(ground_truth).__name__
+        )
         return RewardBreakdown(0.0, 0.0, 0.0, 0.0)
     gt_parsed = parse_harmony(ground_truth)
     if not gt_parsed.blocks:
-        log.error("gpt_oss reward: the ground truth has no harmony block (XML data under rlla_gpt?): %.120r", ground_truth)
+        log.error(
+            "gpt_oss reward: the ground truth has no harmony block (XML data under rlla_gpt?): %.120r",
+            ground_truth,
+        )
 
-    return combine_parts(_format_ok(parsed, gt_parsed), _correctness(parsed, gt_parsed, step, config),
-                         _analysis_text(parsed), step, config)
+    return combine_parts(
+        _format_ok(parsed, gt_parsed),
+        _correctness(parsed, gt_parsed, step, config),
+        _analysis_text(parsed),
+        step,
+        config,
+    )
 
 
-def _correctness(response: HarmonyParse, ground_truth: HarmonyParse, step: int, config: RewardConfig) -> float:
+def _correctness(
+    response: HarmonyParse, ground_truth: HarmonyParse, step: int, config: RewardConfig
+) -> float:
     try:
         gt_tools = tool_calls_of(ground_truth)
     except ValueError as err:

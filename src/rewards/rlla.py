@@ -204,12 +204,18 @@ def compute_score(
         log.error("rlla reward: ground truth is %s, not a string; row scored 0", type(ground_truth).__name__)
         return RewardBreakdown(0.0, 0.0, 0.0, 0.0)
 
-    return combine_parts(format_ok(response, ground_truth), _correctness(response, ground_truth, step, config),
-                         _think_text(response), step, config)
+    return combine_parts(
+        format_ok(response, ground_truth),
+        _correctness(response, ground_truth, step, config),
+        _think_text(response),
+        step,
+        config,
+    )
 
 
-def combine_parts(layout_ok: bool, correctness: float, think: str | None, step: int,
-                  config: RewardConfig) -> RewardBreakdown:
+def combine_parts(
+    layout_ok: bool, correctness: float, think: str | None, step: int, config: RewardConfig
+) -> RewardBreakdown:
     """Format (max/min of its scheduled range) + correctness + optional length = total."""
     f_hi, f_lo = format_range(step, config)
     fmt = f_hi if layout_ok else f_lo
@@ -223,7 +229,11 @@ def _correctness(response: str, ground_truth: str, step: int, config: RewardConf
     try:
         gt_tools = parse_tool_block(ground_truth)
     except (ValueError, RecursionError) as err:
-        log.error("rlla reward: cannot parse the ground truth's tool calls (%s); correctness 0: %.200r", err, ground_truth)
+        log.error(
+            "rlla reward: cannot parse the ground truth's tool calls (%s); correctness 0: %.200r",
+            err,
+            ground_truth,
+        )
         return 0.0
     hi, lo = correctness_range(step, config)
     if "</tool_call>" not in response:

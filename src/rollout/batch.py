@@ -65,8 +65,9 @@ class RolloutBatch:
         return self.input_ids.shape[0]
 
 
-def assemble_sequences(prompts: list[list[int]], responses: torch.Tensor, response_mask: torch.Tensor,
-                       pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+def assemble_sequences(
+    prompts: list[list[int]], responses: torch.Tensor, response_mask: torch.Tensor, pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Left-pad prompts and append right-padded responses. -> (input_ids, attention_mask) [N, Lp+T]."""
     from src.rollout.engine import left_pad
 

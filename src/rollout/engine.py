@@ -54,8 +54,8 @@ def left_pad(seqs: list[list[int]], pad_id: int, device=None) -> tuple[torch.Ten
     mask = torch.zeros((len(seqs), width), dtype=torch.long)
     for i, s in enumerate(seqs):
         if s:
-            ids[i, width - len(s):] = torch.tensor(s, dtype=torch.long)
-            mask[i, width - len(s):] = 1
+            ids[i, width - len(s) :] = torch.tensor(s, dtype=torch.long)
+            mask[i, width - len(s) :] = 1
     return ids.to(device), mask.to(device)
 
 
@@ -69,7 +69,9 @@ def mask_after_stop(tokens: torch.Tensor, stop_ids: list[int]) -> torch.Tensor:
     return (before == 0).long()
 
 
-def sampling_log_probs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+def sampling_log_probs(
+    logits: torch.Tensor, tokens: torch.Tensor, temperature: float, top_p: float
+) -> torch.Tensor:
     """Log-prob of ``tokens`` under the sampling distribution (temperature, then nucleus top-p).
 
     Args:
@@ -110,7 +112,11 @@ class HFGenerateEngine:
         chunks = []
         try:
             for start in range(0, len(prompt_ids), self.micro_batch_size):
-                chunks.append(self._generate_chunk(prompt_ids[start:start + self.micro_batch_size], sampling, stop, device))
+                chunks.append(
+                    self._generate_chunk(
+                        prompt_ids[start : start + self.micro_batch_size], sampling, stop, device
+                    )
+                )
         finally:
             self.model.train(was_training)
         width = max(c[0].shape[1] for c in chunks)
@@ -123,13 +129,21 @@ class HFGenerateEngine:
     def _generate_chunk(self, prompts, sampling: SamplingParams, stop, device):
         ids, attn = left_pad(prompts, self.pad_token_id, device)
         greedy = sampling.temperature <= 0
-        kwargs = dict(do_sample=False) if greedy else dict(
-            do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
-        seqs = self.model.generate(
-            input_ids=ids, attention_mask=attn, max_new_tokens=sampling.max_new_tokens,
-            num_return_sequences=sampling.n, eos_token_id=stop, pad_token_id=self.pad_token_id, **kwargs,
+        kwargs = (
+            dict(do_sample=False)
+            if greedy
+            else dict(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
         )
-        resp = seqs[:, ids.shape[1]:]
+        seqs = self.model.generate(
+            input_ids=ids,
+            attention_mask=attn,
+            max_new_tokens=sampling.max_new_tokens,
+            num_return_sequences=sampling.n,
+            eos_token_id=stop,
+            pad_token_id=self.pad_token_id,
+            **kwargs,
+        )
+        resp = seqs[:, ids.shape[1] :]
         if resp.shape[1] == 0:
             empty = torch.zeros((resp.shape[0], 0), device=resp.device)
             return resp, empty, empty.long()
@@ -137,7 +151,8 @@ class HFGenerateEngine:
         # One teacher-forced pass is far cheaper than keeping per-step scores inside generate.
         full_mask = torch.cat([attn.repeat_interleave(sampling.n, 0), mask], dim=1)
         positions = (full_mask.cumsum(-1) - 1).clamp(min=0)
-        logits = self.model(input_ids=seqs, attention_mask=full_mask, position_ids=positions,
-                            logits_to_keep=resp.shape[1] + 1).logits[:, :-1]
+        logits = self.model(
+            input_ids=seqs, attention_mask=full_mask, position_ids=positions, logits_to_keep=resp.shape[1] + 1
+        ).logits[:, :-1]
         logp = sampling_log_probs(logits, resp, sampling.temperature, sampling.top_p)
         return resp, logp * mask, mask

@@ -61,14 +61,24 @@ def pad_episodes(episodes: Sequence[Episode], pad_id: int) -> dict[str, torch.Te
 def episode_row(tokenizer, episode: Episode, record: dict[str, Any], step: int) -> dict[str, Any]:
     """One rollout-log row. reward_format / reward_correctness do not apply to episodes: NaN."""
     return {
-        "step": step, "uid": record["uid"], "seed": episode.seed, "data_source": "episode",
+        "step": step,
+        "uid": record["uid"],
+        "seed": episode.seed,
+        "data_source": "episode",
         "response": tokenizer.decode(episode.response_ids, skip_special_tokens=False),
         "actions": [s.action_text for s in episode.steps],
-        "episode_return": episode.reward, "episode_score": episode.score, "episode_steps": episode.num_steps,
-        "exit_status": episode.exit_status, "budget_exhausted": episode.budget_exhausted,
-        "temperature": episode.temperature, "response_length": len(episode.response_ids),
-        "n_action_tokens": episode.n_action_tokens, "n_observation_tokens": episode.n_observation_tokens,
-        "reward_task": episode.reward, "reward_format": math.nan, "reward_correctness": math.nan,
+        "episode_return": episode.reward,
+        "episode_score": episode.score,
+        "episode_steps": episode.num_steps,
+        "exit_status": episode.exit_status,
+        "budget_exhausted": episode.budget_exhausted,
+        "temperature": episode.temperature,
+        "response_length": len(episode.response_ids),
+        "n_action_tokens": episode.n_action_tokens,
+        "n_observation_tokens": episode.n_observation_tokens,
+        "reward_task": episode.reward,
+        "reward_format": math.nan,
+        "reward_correctness": math.nan,
     }
 
 
@@ -78,8 +88,14 @@ class EpisodeCollector:
     The batch also carries ``episodes`` (list[Episode], row order) for step-level estimators (RLVCR).
     """
 
-    def __init__(self, tokenizer, engine: RolloutEngine, env_factory: Callable[[], EpisodeEnv],
-                 settings: EpisodeSettings, templates: EpisodeTemplates | None = None):
+    def __init__(
+        self,
+        tokenizer,
+        engine: RolloutEngine,
+        env_factory: Callable[[], EpisodeEnv],
+        settings: EpisodeSettings,
+        templates: EpisodeTemplates | None = None,
+    ):
         self.tokenizer = tokenizer
         self.engine = engine
         self.env_factory = env_factory
@@ -87,8 +103,13 @@ class EpisodeCollector:
         self.templates = templates or EpisodeTemplates()
 
     @torch.no_grad()
-    def collect(self, records: list[dict[str, Any]], step: int, lam: float = 0.0,
-                generator: torch.Generator | None = None) -> RolloutBatch:
+    def collect(
+        self,
+        records: list[dict[str, Any]],
+        step: int,
+        lam: float = 0.0,
+        generator: torch.Generator | None = None,
+    ) -> RolloutBatch:
         """``lam`` and ``generator`` are unused (no router; sampling uses torch's global RNG)."""
         for i, r in enumerate(records):
             if "seed" not in r or "uid" not in r:
@@ -96,9 +117,20 @@ class EpisodeCollector:
         s = self.settings
         t0 = time.perf_counter()
         seeds = [int(r["seed"]) for r in records]
-        groups = collect_groups(self.engine, self.tokenizer, self.env_factory, seeds, s.group_size,
-                                s.temperatures, s.token_budget, s.turn_cap, self.templates, s.baseline,
-                                top_p=s.top_p, env_workers=s.env_workers)
+        groups = collect_groups(
+            self.engine,
+            self.tokenizer,
+            self.env_factory,
+            seeds,
+            s.group_size,
+            s.temperatures,
+            s.token_budget,
+            s.turn_cap,
+            self.templates,
+            s.baseline,
+            top_p=s.top_p,
+            env_workers=s.env_workers,
+        )
         t_episodes = time.perf_counter() - t0
 
         t1 = time.perf_counter()
@@ -107,7 +139,8 @@ class EpisodeCollector:
         pad = self.tokenizer.pad_token_id
         padded = pad_episodes(episodes, pad)
         input_ids, attention_mask = assemble_sequences(
-            [e.prompt_ids for e in episodes], padded["response_ids"], padded["attention"], pad)
+            [e.prompt_ids for e in episodes], padded["response_ids"], padded["attention"], pad
+        )
         rows = [episode_row(self.tokenizer, e, r, step) for e, r in zip(episodes, owners)]
         n_resp = sum(len(e.response_ids) for e in episodes)
         n_act = sum(e.n_action_tokens for e in episodes)
@@ -121,10 +154,15 @@ class EpisodeCollector:
             "train/episode_steps_mean": sum(e.num_steps for e in episodes) / len(episodes),
         }
         batch = RolloutBatch(
-            input_ids=input_ids, attention_mask=attention_mask, response_mask=padded["response_mask"],
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            response_mask=padded["response_mask"],
             rewards=torch.tensor([e.reward for e in episodes], dtype=torch.float32),
-            uids=[r["uid"] for r in owners], rollout_log_probs=padded["log_probs"], rows=rows,
-            metrics=metrics)
+            uids=[r["uid"] for r in owners],
+            rollout_log_probs=padded["log_probs"],
+            rows=rows,
+            metrics=metrics,
+        )
         batch.episodes = episodes  # RLVCR reads them for step-level advantages
         metrics["timing/scoring_s"] = time.perf_counter() - t1
         return batch

@@ -20,8 +20,17 @@ from src.rollout.episode_collector import EpisodeCollector, EpisodeSettings
 from src.rollout.episode_prompts import EpisodeTemplates
 
 # Keys of cfg.env that are not environment constructor arguments.
-_EPISODE_KEYS = {"enable", "id", "token_budget", "turn_cap", "temperatures", "baseline", "env_workers",
-                 "templates", "step_format"}
+_EPISODE_KEYS = {
+    "enable",
+    "id",
+    "token_budget",
+    "turn_cap",
+    "temperatures",
+    "baseline",
+    "env_workers",
+    "templates",
+    "step_format",
+}
 STEP_FORMATS = ("plain", "rlvcr")  # env.step_format: what the agent is asked to write each turn
 
 
@@ -50,10 +59,15 @@ def settings_from(cfg: DictConfig) -> EpisodeSettings:
         temps = cfg.rollout.temperature
     elif not isinstance(temps, (int, float)):
         temps = [float(t) for t in temps]
-    return EpisodeSettings(group_size=int(cfg.rollout.n), temperatures=temps, top_p=float(cfg.rollout.top_p),
-                           token_budget=int(e.token_budget), turn_cap=int(e.turn_cap),
-                           baseline=None if e.get("baseline") is None else float(e.baseline),
-                           env_workers=int(e.get("env_workers", 1)))
+    return EpisodeSettings(
+        group_size=int(cfg.rollout.n),
+        temperatures=temps,
+        top_p=float(cfg.rollout.top_p),
+        token_budget=int(e.token_budget),
+        turn_cap=int(e.turn_cap),
+        baseline=None if e.get("baseline") is None else float(e.baseline),
+        env_workers=int(e.get("env_workers", 1)),
+    )
 
 
 def episode_templates(env_cfg: dict[str, Any]) -> EpisodeTemplates:

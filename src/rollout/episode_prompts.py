@@ -39,8 +39,10 @@ class EpisodeTemplates:
 
     def first_messages(self, task_prompt: str, observation: str) -> list[dict[str, str]]:
         """Chat messages of the episode prompt (system + user with the task and first observation)."""
-        return [{"role": "system", "content": self.system},
-                {"role": "user", "content": self.task.format(task=task_prompt, observation=observation)}]
+        return [
+            {"role": "system", "content": self.system},
+            {"role": "user", "content": self.task.format(task=task_prompt, observation=observation)},
+        ]
 
     def observation_parts(self, observation: str) -> tuple[str, str, str]:
         """(head, body, tail) of an observation turn; only ``body`` may be cut to fit the budget."""
@@ -50,8 +52,12 @@ class EpisodeTemplates:
 
 def prompt_ids(tokenizer, templates: EpisodeTemplates, task_prompt: str, observation: str) -> list[int]:
     """Token ids of the episode prompt, chat-templated, ending with the assistant generation prompt."""
-    out = tokenizer.apply_chat_template(templates.first_messages(task_prompt, observation),
-                                        add_generation_prompt=True, tokenize=True, return_dict=False)
+    out = tokenizer.apply_chat_template(
+        templates.first_messages(task_prompt, observation),
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=False,
+    )
     if isinstance(out, dict) or hasattr(out, "keys"):
         out = out["input_ids"]
     return [int(i) for i in out]
@@ -99,5 +105,5 @@ def _with_heredoc(lines: list[str], first: int) -> str:
     terminator = match.group(2)
     for j in range(first + 1, len(lines)):
         if lines[j].strip() == terminator:
-            return "\n".join(lines[first:j + 1])
+            return "\n".join(lines[first : j + 1])
     return "\n".join(lines[first:])

@@ -94,8 +94,9 @@ class Episode:
         return len(self.response_mask) - sum(self.response_mask)
 
 
-def observation_tokens(tokenizer, templates: EpisodeTemplates, observation: str, room: int,
-                       close_turn: bool) -> list[int]:
+def observation_tokens(
+    tokenizer, templates: EpisodeTemplates, observation: str, room: int, close_turn: bool
+) -> list[int]:
     """Ids of one observation turn, at most ``room`` of them.
 
     ``close_turn`` prefixes the eos when the action did not end with it (cut by a token limit), so
@@ -149,10 +150,20 @@ def _as_score(value) -> float | None:
     return None if value is None else float(value)
 
 
-def run_episodes(engine: RolloutEngine, tokenizer, envs: Sequence[EpisodeEnv], seeds: Sequence[int],
-                 temperatures: float | Sequence[float], token_budget: int, turn_cap: int,
-                 templates: EpisodeTemplates | None = None, baseline: float | None = None, *,
-                 top_p: float = 1.0, env_workers: int = 1) -> list[Episode]:
+def run_episodes(
+    engine: RolloutEngine,
+    tokenizer,
+    envs: Sequence[EpisodeEnv],
+    seeds: Sequence[int],
+    temperatures: float | Sequence[float],
+    token_budget: int,
+    turn_cap: int,
+    templates: EpisodeTemplates | None = None,
+    baseline: float | None = None,
+    *,
+    top_p: float = 1.0,
+    env_workers: int = 1,
+) -> list[Episode]:
     """Run one episode per env, all in lockstep (see the module docstring). Envs are not closed.
 
     Args:
@@ -205,16 +216,21 @@ def _map(pool: ThreadPoolExecutor | None, fn: Callable, items: list) -> list:
     return list(pool.map(fn, items)) if pool is not None and len(items) > 1 else [fn(x) for x in items]
 
 
-def _generate_turn(engine, tokenizer, active: list[_Run], stops: list[int], budget: int, turn_cap: int,
-                   top_p: float) -> None:
+def _generate_turn(
+    engine, tokenizer, active: list[_Run], stops: list[int], budget: int, turn_cap: int, top_p: float
+) -> None:
     """One batched generate call per distinct temperature; appends each action (mask 1)."""
     by_temp: dict[float, list[_Run]] = {}
     for run in active:
         by_temp.setdefault(run.temperature, []).append(run)
     for temperature, group in by_temp.items():
         limits = [min(turn_cap, budget - len(r.response)) for r in group]
-        out = engine.generate([r.prompt + r.response for r in group], SamplingParams(
-            n=1, temperature=temperature, top_p=top_p, max_new_tokens=max(limits), stop_token_ids=stops))
+        out = engine.generate(
+            [r.prompt + r.response for r in group],
+            SamplingParams(
+                n=1, temperature=temperature, top_p=top_p, max_new_tokens=max(limits), stop_token_ids=stops
+            ),
+        )
         logps = [lp[m.bool()].tolist() for lp, m in zip(out.log_probs, out.response_mask)]
         for run, tokens, logp, limit in zip(group, out.token_lists(), logps, limits):
             tokens, logp = tokens[:limit], logp[:limit]
@@ -235,8 +251,9 @@ def _absorb_observation(tokenizer, templates: EpisodeTemplates, run: _Run, resul
     observation, reward, done, info = result
     run.num_steps += 1
     run.pending = None
-    ids = observation_tokens(tokenizer, templates, observation, budget - len(run.response),
-                             close_turn=not run.closed_turn)
+    ids = observation_tokens(
+        tokenizer, templates, observation, budget - len(run.response), close_turn=not run.closed_turn
+    )
     run.response += ids
     run.mask += [0] * len(ids)
     run.logp += [0.0] * len(ids)
@@ -246,10 +263,21 @@ def _absorb_observation(tokenizer, templates: EpisodeTemplates, run: _Run, resul
 
 def _to_episode(run: _Run, baseline: float | None) -> Episode:
     reward = (run.score if run.score is not None else 0.0) - (baseline or 0.0)
-    return Episode(prompt_ids=run.prompt, response_ids=run.response, response_mask=run.mask, reward=reward,
-                   score=run.score, num_steps=run.num_steps, seed=run.seed, temperature=run.temperature,
-                   exit_status=run.exit_status, steps=run.steps, budget_exhausted=run.budget_exhausted,
-                   rollout_log_probs=run.logp, final_observation=run.final_observation)
+    return Episode(
+        prompt_ids=run.prompt,
+        response_ids=run.response,
+        response_mask=run.mask,
+        reward=reward,
+        score=run.score,
+        num_steps=run.num_steps,
+        seed=run.seed,
+        temperature=run.temperature,
+        exit_status=run.exit_status,
+        steps=run.steps,
+        budget_exhausted=run.budget_exhausted,
+        rollout_log_probs=run.logp,
+        final_observation=run.final_observation,
+    )
 
 
 def group_temperatures(temperatures: float | Sequence[float], group_size: int) -> list[float]:
@@ -262,11 +290,21 @@ def group_temperatures(temperatures: float | Sequence[float], group_size: int) -
     return list(islice(cycle(temps), group_size))
 
 
-def collect_groups(engine: RolloutEngine, tokenizer, env_factory: Callable[[], EpisodeEnv],
-                   seeds: Sequence[int], group_size: int, temperatures: float | Sequence[float],
-                   token_budget: int, turn_cap: int,
-                   templates: EpisodeTemplates | None = None, baseline: float | None = None, *,
-                   top_p: float = 1.0, env_workers: int = 1) -> list[list[Episode]]:
+def collect_groups(
+    engine: RolloutEngine,
+    tokenizer,
+    env_factory: Callable[[], EpisodeEnv],
+    seeds: Sequence[int],
+    group_size: int,
+    temperatures: float | Sequence[float],
+    token_budget: int,
+    turn_cap: int,
+    templates: EpisodeTemplates | None = None,
+    baseline: float | None = None,
+    *,
+    top_p: float = 1.0,
+    env_workers: int = 1,
+) -> list[list[Episode]]:
     """GRPO groups: for each seed, ``group_size`` episodes from that same env seed.
 
     All len(seeds) × G episodes run in one lockstep ``run_episodes``; every env is built by
@@ -280,12 +318,23 @@ def collect_groups(engine: RolloutEngine, tokenizer, env_factory: Callable[[], E
         for _ in range(len(seeds) * group_size):
             envs.append(env_factory())
         flat_seeds = [int(s) for s in seeds for _ in range(group_size)]
-        episodes = run_episodes(engine, tokenizer, envs, flat_seeds, temps * len(seeds), token_budget,
-                                turn_cap, templates, baseline, top_p=top_p, env_workers=env_workers)
+        episodes = run_episodes(
+            engine,
+            tokenizer,
+            envs,
+            flat_seeds,
+            temps * len(seeds),
+            token_budget,
+            turn_cap,
+            templates,
+            baseline,
+            top_p=top_p,
+            env_workers=env_workers,
+        )
     finally:
         for env in envs:
             try:
                 env.close()
             except Exception:  # noqa: BLE001 - one env failing to close must not leak the others
                 log.exception("closing an episode env failed")
-    return [episodes[i * group_size:(i + 1) * group_size] for i in range(len(seeds))]
+    return [episodes[i * group_size : (i + 1) * group_size] for i in range(len(seeds))]

@@ -136,7 +136,9 @@ def settings_from_algorithm(algorithm: Any) -> RlvcrSettings:
 
 
 # ---------------------------------------------------------------------------- pure math
-def qualifying_episodes(rewards: torch.Tensor, groups: torch.Tensor, mode: str, threshold: float = 0.0) -> torch.Tensor:
+def qualifying_episodes(
+    rewards: torch.Tensor, groups: torch.Tensor, mode: str, threshold: float = 0.0
+) -> torch.Tensor:
     """Which episodes get the thinking advantage. rewards [N] float, groups [N] long -> [N] bool."""
     rewards = rewards.float()
     if mode == "all":
@@ -290,9 +292,19 @@ class RlvcrAugmenter:
                 text = self._dec(response[st.action_start : st.action_end])
                 parse = parse_step(text, allow_unclosed_action=self.settings.allow_unclosed_action)
                 level, think, action = scored_step(parse, st.action_text, self.settings.score_malformed_steps)
-                steps.append(StepRef(row, st.action_start, st.action_end, parse,
-                                     prompt + response[: st.action_start], level, think, action,
-                                     executed=bool(getattr(st, "executed", True))))
+                steps.append(
+                    StepRef(
+                        row,
+                        st.action_start,
+                        st.action_end,
+                        parse,
+                        prompt + response[: st.action_start],
+                        level,
+                        think,
+                        action,
+                        executed=bool(getattr(st, "executed", True)),
+                    )
+                )
         return steps
 
     # -------------------------------------------------------------- generation + scoring
@@ -300,7 +312,9 @@ class RlvcrAugmenter:
         """Four thinking contexts (text, level 1..4) per step; the used level's comes from the step."""
         # level 1 is just its tag; the used level keeps the policy's own thinking (normalised like
         # the generated ones); the other slots are filled from the generation below
-        contexts = [[extract_level_thinking(s.think if k == s.level else "", k) for k in LEVELS] for s in steps]
+        contexts = [
+            [extract_level_thinking(s.think if k == s.level else "", k) for k in LEVELS] for s in steps
+        ]
         jobs = [(i, k) for i, s in enumerate(steps) for k in LEVELS if k != 1 and k != s.level]
         if not jobs:
             return contexts, 0
@@ -309,9 +323,16 @@ class RlvcrAugmenter:
         suffix = {k: self._enc(build_level_prompt("", k)) for k in LEVELS}
         prompts = [list(steps[i].history_ids) + suffix[k] for i, k in jobs]
         st = self.settings
-        out = self.engine.generate(prompts, SamplingParams(
-            n=1, temperature=st.think_temperature, top_p=st.think_top_p,
-            max_new_tokens=st.think_max_new_tokens, stop_token_ids=self.tags.stop))
+        out = self.engine.generate(
+            prompts,
+            SamplingParams(
+                n=1,
+                temperature=st.think_temperature,
+                top_p=st.think_top_p,
+                max_new_tokens=st.think_max_new_tokens,
+                stop_token_ids=self.tags.stop,
+            ),
+        )
         lists = out.token_lists()
         for (i, k), ids in zip(jobs, lists):
             contexts[i][k - 1] = extract_level_thinking(self._dec(ids), k)
@@ -320,13 +341,22 @@ class RlvcrAugmenter:
     def _score(self, steps: list[StepRef], contexts: list[list[str]]):
         groups = []
         for s, ctx in zip(steps, contexts):
-            thinking = [tag + self._enc(text[len(level_tag(k)):]) for k, tag, text in zip(LEVELS, self.tags.levels, ctx)]
+            thinking = [
+                tag + self._enc(text[len(level_tag(k)) :])
+                for k, tag, text in zip(LEVELS, self.tags.levels, ctx)
+            ]
             groups.append(ScoringGroup(s.history_ids, thinking, self._enc(s.action)))
         was_training = self.model.training
         self.model.eval()
         try:
-            return score_level_groups(self.model, groups, self.tags.action, self.tags.levels,
-                                      self.tokenizer.pad_token_id, max_rows=self.settings.score_max_rows)
+            return score_level_groups(
+                self.model,
+                groups,
+                self.tags.action,
+                self.tags.levels,
+                self.tokenizer.pad_token_id,
+                max_rows=self.settings.score_max_rows,
+            )
         finally:
             self.model.train(was_training)
 
@@ -338,7 +368,9 @@ class RlvcrAugmenter:
         st = self.settings
         episodes = getattr(batch, "episodes", None)
         if episodes is None:
-            raise ValueError("RLVCR needs the episode list on the batch (batch.episodes); use the episode collector")
+            raise ValueError(
+                "RLVCR needs the episode list on the batch (batch.episodes); use the episode collector"
+            )
         n, width = batch.response_mask.shape
         steps = self._steps(episodes, n, width)
 
@@ -353,7 +385,9 @@ class RlvcrAugmenter:
         rewards = penalised_rewards(raw, n_bad / n_steps.clamp(min=1), st.format_penalty)
         ep_ok = qualifying_episodes(raw, groups, st.qualify, st.qualify_threshold)
         for s in steps:
-            s.qualifies = bool(ep_ok[s.row]) and s.executed and s.level is not None and bool(self._enc(s.action))
+            s.qualifies = (
+                bool(ep_ok[s.row]) and s.executed and s.level is not None and bool(self._enc(s.action))
+            )
 
         scored = [s for s in steps if s.qualifies]
         scores = torch.zeros(len(steps), 4)
@@ -369,24 +403,43 @@ class RlvcrAugmenter:
         orig = torch.tensor([(s.level or 1) - 1 for s in steps], dtype=torch.long)
         qualifies = torch.tensor([s.qualifies for s in steps], dtype=torch.bool)
         step_row = torch.tensor([s.row for s in steps], dtype=torch.long)
-        adv = rlvcr_advantage(rewards, groups, step_row, scores, costs, orig, qualifies,
-                              cost_max=st.cost_max, alpha=st.alpha, w=st.w, eps=st.adv_eps, norm_by_std=st.norm_by_std)
+        adv = rlvcr_advantage(
+            rewards,
+            groups,
+            step_row,
+            scores,
+            costs,
+            orig,
+            qualifies,
+            cost_max=st.cost_max,
+            alpha=st.alpha,
+            w=st.w,
+            eps=st.adv_eps,
+            norm_by_std=st.norm_by_std,
+        )
         batch.token_advantages = scatter_step_advantages(
-            batch.response_mask, adv.trajectory_adv, step_row,
+            batch.response_mask,
+            adv.trajectory_adv,
+            step_row,
             torch.tensor([s.start for s in steps], dtype=torch.long),
-            torch.tensor([s.end for s in steps], dtype=torch.long), adv.advantage)
+            torch.tensor([s.end for s in steps], dtype=torch.long),
+            adv.advantage,
+        )
 
-        own_thinking = torch.tensor([len(self._enc(s.parse.think)) if s.parse.think else 0 for s in steps],
-                                    dtype=torch.float32)
+        own_thinking = torch.tensor(
+            [len(self._enc(s.parse.think)) if s.parse.think else 0 for s in steps], dtype=torch.float32
+        )
         metrics = rlvcr_metrics([s.parse.level for s in steps], own_thinking, adv.thinking_adv, qualifies)
         elapsed = time.perf_counter() - t0
-        metrics.update({
-            "rlvcr/qualifying_episodes": float(ep_ok.sum()),
-            "rlvcr/malformed_step_frac": float(n_bad.sum() / max(len(steps), 1)),
-            "rlvcr/alt_thinking_tokens": float(alt_tokens),
-            "rlvcr/trajectory_adv_abs_mean": float(adv.trajectory_adv.abs().mean()) if n else 0.0,
-            "timing/rlvcr_s": elapsed,
-        })
+        metrics.update(
+            {
+                "rlvcr/qualifying_episodes": float(ep_ok.sum()),
+                "rlvcr/malformed_step_frac": float(n_bad.sum() / max(len(steps), 1)),
+                "rlvcr/alt_thinking_tokens": float(alt_tokens),
+                "rlvcr/trajectory_adv_abs_mean": float(adv.trajectory_adv.abs().mean()) if n else 0.0,
+                "timing/rlvcr_s": elapsed,
+            }
+        )
         batch.metrics.update(metrics)
         # count the augmentation with the rollout's scoring time (the module's tokens/sec uses it)
         batch.metrics["timing/scoring_s"] = batch.metrics.get("timing/scoring_s", 0.0) + elapsed
@@ -394,8 +447,13 @@ class RlvcrAugmenter:
             for i, row in enumerate(batch.rows):
                 row["rlvcr_qualified"] = bool(ep_ok[i])
                 row["rlvcr_malformed_steps"] = int(n_bad[i])
-        log.debug("RLVCR: %d steps, %d scored, %d alternative thinking tokens, %.2fs",
-                  len(steps), len(scored), alt_tokens, elapsed)
+        log.debug(
+            "RLVCR: %d steps, %d scored, %d alternative thinking tokens, %.2fs",
+            len(steps),
+            len(scored),
+            alt_tokens,
+            elapsed,
+        )
         return batch
 
 
@@ -410,10 +468,14 @@ class RlvcrCollector:
     def engine(self):
         return getattr(self.inner, "engine", None)
 
-    def collect(self, records, step: int, lam: float = 0.0, generator: torch.Generator | None = None) -> RolloutBatch:
+    def collect(
+        self, records, step: int, lam: float = 0.0, generator: torch.Generator | None = None
+    ) -> RolloutBatch:
         return self.augmenter.augment(self.inner.collect(records, step=step, lam=lam, generator=generator))
 
 
 def make_rlvcr_collector(cfg, tokenizer, engine, module, inner) -> RlvcrCollector:
     """The episode collector ``inner`` wrapped with an augmenter built from ``cfg.algorithm``."""
-    return RlvcrCollector(inner, RlvcrAugmenter(tokenizer, engine, module.actor, settings_from_algorithm(cfg.algorithm)))
+    return RlvcrCollector(
+        inner, RlvcrAugmenter(tokenizer, engine, module.actor, settings_from_algorithm(cfg.algorithm))
+    )

@@ -21,8 +21,12 @@ class RolloutCallback(pl.Callback):
     engine generates with the module's own actor, or a vLLM copy kept in sync).
     """
 
-    def __init__(self, collector_factory: Callable[[pl.LightningModule], object], seed: int = 0,
-                 eval_sampling: SamplingParams | None = None):
+    def __init__(
+        self,
+        collector_factory: Callable[[pl.LightningModule], object],
+        seed: int = 0,
+        eval_sampling: SamplingParams | None = None,
+    ):
         self.collector_factory = collector_factory
         self.collector = None
         self.seed = seed
@@ -36,13 +40,15 @@ class RolloutCallback(pl.Callback):
         if self.eval_sampling is None:
             raise ValueError("validation needs rollout eval sampling (single-turn collectors only)")
         pl_module.rollout_batch = self.collector.collect(
-            batch, step=trainer.global_step, lam=float(pl_module.lagrange_lambda), sampling=self.eval_sampling)
+            batch, step=trainer.global_step, lam=float(pl_module.lagrange_lambda), sampling=self.eval_sampling
+        )
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + trainer.global_step)
         torch.manual_seed(self.seed * 1_000_003 + trainer.global_step)  # sampling in generate
         pl_module.rollout_batch = self.collector.collect(
-            batch, step=trainer.global_step, lam=float(pl_module.lagrange_lambda), generator=generator)
+            batch, step=trainer.global_step, lam=float(pl_module.lagrange_lambda), generator=generator
+        )
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         engine = getattr(self.collector, "engine", None)

@@ -166,7 +166,10 @@ def _warn_fallback(family: str, labels: Mapping[str, str]) -> None:
         log.warning(
             "route %s, mode only_family: no %s tool among %s; using emphasis instead"
             " (%d such prompts so far)",
-            family, family, list(labels) or "no tools", _fallbacks,
+            family,
+            family,
+            list(labels) or "no tools",
+            _fallbacks,
         )
 
 

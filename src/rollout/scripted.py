@@ -61,8 +61,9 @@ class ScriptedResponder:
 
     families: ToolFamilies
 
-    def respond(self, system: str, user: str, ground_truth: str, route: Route | int | str,
-                skill: str = "exact") -> str:
+    def respond(
+        self, system: str, user: str, ground_truth: str, route: Route | int | str, skill: str = "exact"
+    ) -> str:
         """The response to a row whose system/user messages and ground truth are given.
 
         Raises ValueError for an unknown skill or route, or a ground truth whose calls cannot be read.
@@ -74,19 +75,24 @@ class ScriptedResponder:
         if route is Route.ANSWER:
             reply = _REPLY.search(ground_truth)
             text = reply.group(1).strip() if reply else APOLOGY
-            return f"<think> No tools this turn; I will answer directly. </think>\n<response> {text} </response>"
+            return (
+                f"<think> No tools this turn; I will answer directly. </think>\n<response> {text} </response>"
+            )
         family = _FAMILY_OF_ROUTE[route]
         descriptions = tool_descriptions(system)
         gt_calls = self._ground_truth_calls(ground_truth)
-        if gt_calls and all(self.families.family(c["name"], descriptions.get(c["name"], "")) == family
-                            for c in gt_calls):
+        if gt_calls and all(
+            self.families.family(c["name"], descriptions.get(c["name"], "")) == family for c in gt_calls
+        ):
             if skill == "exact":
                 return ground_truth.strip()
             calls = [{"name": c["name"], "parameters": {"input": request}} for c in gt_calls]
             return _call_text(f"I will call {calls[0]['name']}.", calls)
         listed = [n for n, d in descriptions.items() if self.families.family(n, d) == family]
         name = listed[0] if listed else FALLBACK_TOOL[family]
-        return _call_text(f"The {family} route: I will call {name}.", [{"name": name, "parameters": {"input": request}}])
+        return _call_text(
+            f"The {family} route: I will call {name}.", [{"name": name, "parameters": {"input": request}}]
+        )
 
     @staticmethod
     def _ground_truth_calls(ground_truth: str) -> list[dict[str, Any]]:
@@ -95,7 +101,9 @@ class ScriptedResponder:
         try:
             calls = parse_tool_block(ground_truth)
         except ValueError as err:
-            raise ValueError(f"ground truth tool calls are not JSON lines ({err}): {ground_truth[:200]!r}") from None
+            raise ValueError(
+                f"ground truth tool calls are not JSON lines ({err}): {ground_truth[:200]!r}"
+            ) from None
         if not all(isinstance(c, dict) and isinstance(c.get("name"), str) for c in calls):
             raise ValueError(f"ground truth tool call without a string name: {ground_truth[:200]!r}")
         return calls
@@ -137,11 +145,16 @@ def route_table(
             system, user = row["prompt"][0]["content"], row["prompt"][-1]["content"]
             ground_truth = row["reward_model"]["ground_truth"]
         except (KeyError, IndexError, TypeError) as err:
-            raise ValueError(f"row {i}: needs prompt [system, user] and reward_model.ground_truth ({err!r})") from None
+            raise ValueError(
+                f"row {i}: needs prompt [system, user] and reward_model.ground_truth ({err!r})"
+            ) from None
         descriptions = tool_descriptions(system)
         per_route = [responder.respond(system, user, ground_truth, route, skills[i]) for route in Route]
         rewards.append([compute_score(t, ground_truth, step, reward_config).total for t in per_route])
         costs.append([float(cost_fn(tool_usage(t, families, descriptions=descriptions))) for t in per_route])
         texts.append(per_route)
-    return RouteTable(torch.tensor(rewards, dtype=torch.float32).reshape(-1, len(Route)),
-                      torch.tensor(costs, dtype=torch.float32).reshape(-1, len(Route)), texts)
+    return RouteTable(
+        torch.tensor(rewards, dtype=torch.float32).reshape(-1, len(Route)),
+        torch.tensor(costs, dtype=torch.float32).reshape(-1, len(Route)),
+        texts,
+    )

@@ -39,9 +39,17 @@ def decode_response(tokenizer, token_ids: list[int], drop_ids: set[int]) -> str:
 class SingleTurnCollector:
     """Builds one :class:`RolloutBatch` from P prompt records (see ``RLLADataModule``)."""
 
-    def __init__(self, tokenizer, engine: RolloutEngine, sampling: SamplingParams, reward_config: RewardConfig,
-                 router: RouterSettings, families=None, cost_fn: Callable | None = None,
-                 router_logits_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None):
+    def __init__(
+        self,
+        tokenizer,
+        engine: RolloutEngine,
+        sampling: SamplingParams,
+        reward_config: RewardConfig,
+        router: RouterSettings,
+        families=None,
+        cost_fn: Callable | None = None,
+        router_logits_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    ):
         self.tokenizer = tokenizer
         self.engine = engine
         self.sampling = sampling
@@ -61,8 +69,14 @@ class SingleTurnCollector:
         return list(out["input_ids"] if isinstance(out, dict) or hasattr(out, "keys") else out)
 
     @torch.no_grad()
-    def collect(self, records: list[dict[str, Any]], step: int, lam: float = 0.0,
-                generator: torch.Generator | None = None, sampling: SamplingParams | None = None) -> RolloutBatch:
+    def collect(
+        self,
+        records: list[dict[str, Any]],
+        step: int,
+        lam: float = 0.0,
+        generator: torch.Generator | None = None,
+        sampling: SamplingParams | None = None,
+    ) -> RolloutBatch:
         """``sampling`` overrides the training sampling (evaluation uses greedy, one sample)."""
         from dataclasses import replace
 
@@ -81,9 +95,13 @@ class SingleTurnCollector:
             logits = self.router_logits_fn(p_ids, p_mask).float().cpu()  # [P, 3]
             from src.models.router_head import RouterHead
 
-            router_out = RouterHead.act(logits.repeat_interleave(g, dim=0), sample=self.router.sample, generator=generator)
-            prompts = [self._encode(self._route_messages(records[i // g], int(router_out.router_action[i])))
-                       for i in range(n_prompts * g)]
+            router_out = RouterHead.act(
+                logits.repeat_interleave(g, dim=0), sample=self.router.sample, generator=generator
+            )
+            prompts = [
+                self._encode(self._route_messages(records[i // g], int(router_out.router_action[i])))
+                for i in range(n_prompts * g)
+            ]
             completions = self.engine.generate(prompts, replace(sampling, n=1))
         else:
             prompts = [r["prompt_ids"] for r in records for _ in range(g)]
@@ -95,8 +113,9 @@ class SingleTurnCollector:
         for rec in records:
             fmt = response_format(rec["data_source"])
             descriptions = tool_descriptions(rec["messages"][0]["content"])
-            label = rec.get("weak_label") or weak_label(rec["ground_truth"], self.families, fmt=fmt,
-                                                        descriptions=descriptions)
+            label = rec.get("weak_label") or weak_label(
+                rec["ground_truth"], self.families, fmt=fmt, descriptions=descriptions
+            )
             per_prompt.append((fmt, descriptions, label))
         rows, r_task, costs, targets = [], [], [], []
         for i, tokens in enumerate(completions.token_lists()):
@@ -104,18 +123,34 @@ class SingleTurnCollector:
             fmt, descriptions, label = per_prompt[i // g]
             text = decode_response(self.tokenizer, tokens, self.drop_ids)
             parts = score(rec["data_source"], text, rec["ground_truth"], step=step, config=self.reward_config)
-            row = {"step": step, "uid": rec["uid"], "data_source": rec["data_source"], "response": text,
-                   "response_length": len(tokens), "reward_task": parts.total, "reward_format": parts.format,
-                   "reward_correctness": parts.correctness, "reward_length": parts.length}
+            row = {
+                "step": step,
+                "uid": rec["uid"],
+                "data_source": rec["data_source"],
+                "response": text,
+                "response_length": len(tokens),
+                "reward_task": parts.total,
+                "reward_format": parts.format,
+                "reward_correctness": parts.correctness,
+                "reward_length": parts.length,
+            }
             usage = tool_usage(text, self.families, fmt=fmt, descriptions=descriptions)
             cost = float(self.cost_fn(usage)) if self.cost_fn else float(usage.used_any_tool)
-            row.update(used_tool=usage.used_any_tool, used_search=usage.used_search,
-                       used_calculate=usage.used_calculate, n_tool_calls=usage.n_calls, cost=cost)
+            row.update(
+                used_tool=usage.used_any_tool,
+                used_search=usage.used_search,
+                used_calculate=usage.used_calculate,
+                n_tool_calls=usage.n_calls,
+                cost=cost,
+            )
             costs.append(cost)
             if router_out is not None:
                 a = int(router_out.router_action[i])
-                row.update(route=ROUTE_NAMES[a], router_prob=float(router_out.router_log_prob[i].exp()),
-                           weak_label=label)
+                row.update(
+                    route=ROUTE_NAMES[a],
+                    router_prob=float(router_out.router_log_prob[i].exp()),
+                    weak_label=label,
+                )
                 targets.append(weak_label_index(label))
             r_task.append(parts.total)
             rows.append(row)
@@ -129,22 +164,46 @@ class SingleTurnCollector:
             for row, rr in zip(rows, r_router.tolist()):
                 row["reward_router"] = rr
             router = RouterRollout(
-                prompt_ids=p_ids, prompt_mask=p_mask,
+                prompt_ids=p_ids,
+                prompt_mask=p_mask,
                 prompt_index=torch.arange(n_prompts).repeat_interleave(g),
-                action=router_out.router_action, log_prob=router_out.router_log_prob,
-                reward=r_router, cost=cost_t, target=torch.tensor(targets, dtype=torch.long))
-        actor_rewards = router.reward if router is not None and self.router.actor_reward == "router" else rewards_task
-        input_ids, attention_mask = assemble_sequences(prompts, completions.response_ids, completions.response_mask, pad)
+                action=router_out.router_action,
+                log_prob=router_out.router_log_prob,
+                reward=r_router,
+                cost=cost_t,
+                target=torch.tensor(targets, dtype=torch.long),
+            )
+        actor_rewards = (
+            router.reward if router is not None and self.router.actor_reward == "router" else rewards_task
+        )
+        input_ids, attention_mask = assemble_sequences(
+            prompts, completions.response_ids, completions.response_mask, pad
+        )
         n_tokens = int(completions.response_mask.sum())
-        metrics = {"timing/generation_s": t_gen, "timing/scoring_s": t_score,
-                   "rollout/generated_tokens": float(n_tokens)}
+        metrics = {
+            "timing/generation_s": t_gen,
+            "timing/scoring_s": t_score,
+            "rollout/generated_tokens": float(n_tokens),
+        }
         return RolloutBatch(
-            input_ids=input_ids, attention_mask=attention_mask, response_mask=completions.response_mask,
-            rewards=actor_rewards, uids=[r["uid"] for r in records for _ in range(g)],
-            rollout_log_probs=completions.log_probs, router=router, rows=rows, metrics=metrics)
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            response_mask=completions.response_mask,
+            rewards=actor_rewards,
+            uids=[r["uid"] for r in records for _ in range(g)],
+            rollout_log_probs=completions.log_probs,
+            router=router,
+            rows=rows,
+            metrics=metrics,
+        )
 
     def _route_messages(self, record: dict, action: int) -> list[dict]:
         from src.rollout.route_prompts import route_messages
 
-        return route_messages(record["messages"], Route(action), self.families, mode=self.router.prompt_mode,
-                              fmt=response_format(record["data_source"]))
+        return route_messages(
+            record["messages"],
+            Route(action),
+            self.families,
+            mode=self.router.prompt_mode,
+            fmt=response_format(record["data_source"]),
+        )

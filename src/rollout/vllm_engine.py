@@ -16,38 +16,61 @@ log = logging.getLogger(__name__)
 
 
 class VLLMEngine:
-    def __init__(self, model_path: str, gpu_memory_utilization: float = 0.4, dtype: str = "bfloat16",
-                 max_model_len: int = 4096, pad_token_id: int = 0, enable_sleep_mode: bool = False):
+    def __init__(
+        self,
+        model_path: str,
+        gpu_memory_utilization: float = 0.4,
+        dtype: str = "bfloat16",
+        max_model_len: int = 4096,
+        pad_token_id: int = 0,
+        enable_sleep_mode: bool = False,
+    ):
         try:
             from vllm import LLM
         except ImportError as err:  # pragma: no cover - exercised only where vllm is installed
-            raise ImportError("rollout.engine=vllm needs the optional extra: pip install 'toolrouter[vllm]'") from err
+            raise ImportError(
+                "rollout.engine=vllm needs the optional extra: pip install 'toolrouter[vllm]'"
+            ) from err
         self.pad_token_id = pad_token_id
-        self.llm = LLM(model=model_path, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization,
-                       max_model_len=max_model_len, enable_sleep_mode=enable_sleep_mode)
+        self.llm = LLM(
+            model=model_path,
+            dtype=dtype,
+            gpu_memory_utilization=gpu_memory_utilization,
+            max_model_len=max_model_len,
+            enable_sleep_mode=enable_sleep_mode,
+        )
 
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingParams) -> Completions:
         from vllm import SamplingParams as VSampling
         from vllm.inputs import TokensPrompt
 
-        params = VSampling(n=sampling.n, temperature=sampling.temperature, top_p=sampling.top_p,
-                           max_tokens=sampling.max_new_tokens, stop_token_ids=sampling.stop_token_ids or None,
-                           logprobs=0)
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompt_ids], params, use_tqdm=False)
+        params = VSampling(
+            n=sampling.n,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            max_tokens=sampling.max_new_tokens,
+            stop_token_ids=sampling.stop_token_ids or None,
+            logprobs=0,
+        )
+        outputs = self.llm.generate(
+            [TokensPrompt(prompt_token_ids=p) for p in prompt_ids], params, use_tqdm=False
+        )
         seqs, lps = [], []
         for out in outputs:
             for comp in out.outputs:
                 seqs.append(list(comp.token_ids))
-                lps.append([next(iter(d.values())).logprob if d else 0.0 for d in (comp.logprobs or [])]
-                           or [0.0] * len(comp.token_ids))
+                lps.append(
+                    [next(iter(d.values())).logprob if d else 0.0 for d in (comp.logprobs or [])]
+                    or [0.0] * len(comp.token_ids)
+                )
         width = max((len(s) for s in seqs), default=0)
         ids = torch.full((len(seqs), width), self.pad_token_id, dtype=torch.long)
         mask = torch.zeros((len(seqs), width), dtype=torch.long)
         logp = torch.zeros((len(seqs), width))
         for i, (s, lp) in enumerate(zip(seqs, lps)):
-            ids[i, :len(s)] = torch.tensor(s, dtype=torch.long)
-            mask[i, :len(s)] = 1
-            logp[i, :len(lp)] = torch.tensor(lp)
+            ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
+            mask[i, : len(s)] = 1
+            logp[i, : len(lp)] = torch.tensor(lp)
         return Completions(ids, mask, logp)
 
     def update_weights(self, state_dict: dict[str, torch.Tensor] | None = None) -> None:

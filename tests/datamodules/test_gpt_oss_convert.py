@@ -133,17 +133,25 @@ def test_real_targets_round_trip_exactly(test_df, sft):
         ("<think> never closed", "no </think>"),
         ("<think>a</think>\n<tool_call>\n{bad json}\n</tool_call>", "not JSON"),
         ('<think>a</think>\n<tool_call>\n{"name": "x"}\n</tool_call>', "exactly name and parameters"),
-        ('<think>a</think>\n<tool_call>\n{"name": "x", "arguments": {}}\n</tool_call>', "exactly name and parameters"),
+        (
+            '<think>a</think>\n<tool_call>\n{"name": "x", "arguments": {}}\n</tool_call>',
+            "exactly name and parameters",
+        ),
         ('<think>a</think>\n<tool_call>\n{"name": "", "parameters": {}}\n</tool_call>', "bad name"),
         ('<think>a</think>\n<tool_call>\n{"name": "x", "parameters": [1]}\n</tool_call>', "not an object"),
         ('<think>a</think>\n<tool_call>\n{"name": "x", "parameters": {}}\n', "without </tool_call>"),
         ("<think>a</think>\n<tool_call>\n\n</tool_call>", "empty <tool_call>"),
         ("<think>a</think>\n<response> r </response>\n<response> s </response>", "second <response>"),
-        ('<think>a</think>\n<response> r </response>\n<tool_call>\n{"name": "x", "parameters": {}}\n</tool_call>',
-         "after <response>"),
+        (
+            '<think>a</think>\n<response> r </response>\n<tool_call>\n{"name": "x", "parameters": {}}\n</tool_call>',
+            "after <response>",
+        ),
         ("<think>a</think>\nstray words", "unexpected text"),
         ("<think>a <|end|> b</think>\n<response> r </response>", "harmony token"),
-        ('<think>a</think>\n<tool_call>\n{"name": "x", "parameters": {"v": "<|call|>"}}\n</tool_call>', "harmony token"),
+        (
+            '<think>a</think>\n<tool_call>\n{"name": "x", "parameters": {"v": "<|call|>"}}\n</tool_call>',
+            "harmony token",
+        ),
     ],
 )
 def test_bad_targets_raise_with_reason(xml, reason):
@@ -152,7 +160,9 @@ def test_bad_targets_raise_with_reason(xml, reason):
 
 
 def test_harmony_to_xml_rejects_malformed():
-    good = convert_ground_truth('<think>a</think>\n<tool_call>\n{"name": "x", "parameters": {}}\n</tool_call>')
+    good = convert_ground_truth(
+        '<think>a</think>\n<tool_call>\n{"name": "x", "parameters": {}}\n</tool_call>'
+    )
     for bad in (good.replace("<|call|>", ""), good.replace("analysis", "analyze"), "text", good + "\njunk"):
         with pytest.raises(ConversionError):
             harmony_to_xml(bad)
@@ -177,7 +187,9 @@ def test_system_prompt_keeps_tools_and_rewrites_format(test_df):
 def test_system_prompt_keeps_sections_after_the_notes():
     system = "Intro\n\n**Output Format**\n<think> x </think>\n\n**Important Notes**\n1. `<think>`\n\n**Extra**\nkeep me"
     converted = convert_system_prompt(system)
-    assert converted.startswith("Intro\n\n**Output Format**\n") and converted.endswith("\n\n**Extra**\nkeep me")
+    assert converted.startswith("Intro\n\n**Output Format**\n") and converted.endswith(
+        "\n\n**Extra**\nkeep me"
+    )
     assert "<think>" not in converted
     with pytest.raises(ConversionError, match="Output Format"):
         convert_system_prompt("no format section")
@@ -201,7 +213,11 @@ def test_convert_row_changes_only_what_it_should(test_df):
 def test_convert_frame_counts_patterns_and_reports_failures(test_df):
     out, stats = convert_frame(test_df)
     assert len(out) == 80 and not stats.failures
-    assert dict(stats.patterns) == {"analysis+tool_call": 36, "analysis+multiple_tool_calls": 35, "analysis+final": 9}
+    assert dict(stats.patterns) == {
+        "analysis+tool_call": 36,
+        "analysis+multiple_tool_calls": 35,
+        "analysis+final": 9,
+    }
     assert list(out.columns) == list(test_df.columns) and (out["data_source"] == "rlla_gpt").all()
 
     bad = test_df.head(6).copy()
@@ -218,7 +234,11 @@ def test_convert_frame_counts_patterns_and_reports_failures(test_df):
 def test_convert_sft_records(sft):
     out, stats = convert_sft_records(sft)
     assert len(out) == 400 and not stats.failures
-    assert dict(stats.patterns) == {"analysis+tool_call": 187, "analysis+multiple_tool_calls": 159, "analysis+final": 54}
+    assert dict(stats.patterns) == {
+        "analysis+tool_call": 187,
+        "analysis+multiple_tool_calls": 159,
+        "analysis+final": 54,
+    }
     assert all(set(o) == set(r) and o["input"] == r["input"] for o, r in zip(out, sft))
     _, stats = convert_sft_records([{"instruction": "x"}, sft[0]])
     assert [i for i, _ in stats.failures] == [0] and stats.n_converted == 1
@@ -263,7 +283,9 @@ def test_script_converts_parquet_and_sft_with_the_input_schema(tmp_path, test_df
 
 
 def test_script_refuses_an_empty_input_dir(tmp_path, caplog):
-    spec = importlib.util.spec_from_file_location("convert_to_gpt_oss", REPO / "scripts" / "convert_to_gpt_oss.py")
+    spec = importlib.util.spec_from_file_location(
+        "convert_to_gpt_oss", REPO / "scripts" / "convert_to_gpt_oss.py"
+    )
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     assert script.main([str(tmp_path), str(tmp_path / "out")]) == 2

@@ -188,8 +188,12 @@ def test_lightning_fit_uses_list_batches_and_reshuffles(tokenizer, synth):
     dm = RLLADataModule([str(synth["train"])], [], tokenizer, max_prompt_length=100_000, batch_size=10)
     model = _Recorder()
     trainer = L.Trainer(
-        max_epochs=2, accelerator="cpu", logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False,
+        max_epochs=2,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
     )
     trainer.fit(model, datamodule=dm)
     assert sorted(model.seen[0]) == sorted(model.seen[1]) == list(range(40))

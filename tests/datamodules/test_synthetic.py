@@ -152,9 +152,28 @@ def test_prompts_short_under_tiny_bpe():
 
 def test_cli_writes_files(tmp_path):
     out = subprocess.run(
-        [sys.executable, "scripts/make_synthetic_data.py", str(tmp_path), "--n-train", "12", "--n-test", "4",
-         "--seed", "5", "--p-search", "1", "--p-calculate", "0", "--p-answer", "0"],
-        cwd=REPO, capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": str(REPO)},
+        [
+            sys.executable,
+            "scripts/make_synthetic_data.py",
+            str(tmp_path),
+            "--n-train",
+            "12",
+            "--n-test",
+            "4",
+            "--seed",
+            "5",
+            "--p-search",
+            "1",
+            "--p-calculate",
+            "0",
+            "--p-answer",
+            "0",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
     )
     summary = json.loads(out.stdout.strip().splitlines()[-1])
     assert summary["train"]["rows"] == 12 and summary["test"]["rows"] == 4
@@ -162,6 +181,9 @@ def test_cli_writes_files(tmp_path):
     assert (tmp_path / "train.parquet").is_file() and (tmp_path / "test.parquet").is_file()
     bad = subprocess.run(
         [sys.executable, "scripts/make_synthetic_data.py", str(tmp_path / "x"), "--p-search", "-1"],
-        cwd=REPO, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)},
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
     )
     assert bad.returncode == 2 and "proportions" in bad.stderr

@@ -3,8 +3,7 @@ import math
 import pytest
 import torch
 
-from src.models.losses import (KL_ESTIMATORS, LOSS_AGG, POLICY_LOSSES, router_loss,
-                               token_log_probs_and_entropy)
+from src.models.losses import KL_ESTIMATORS, LOSS_AGG, POLICY_LOSSES, router_loss, token_log_probs_and_entropy
 
 
 def rand(seed, *shape):
@@ -46,7 +45,8 @@ def test_kl_estimators_match_formulas():
             assert KL_ESTIMATORS.get("k1")(logp, ref)[b, t].item() == pytest.approx(-d, abs=1e-6)
             assert KL_ESTIMATORS.get("k2")(logp, ref)[b, t].item() == pytest.approx(0.5 * d * d, abs=1e-6)
             assert KL_ESTIMATORS.get("low_var_kl")(logp, ref)[b, t].item() == pytest.approx(
-                min(max(math.exp(d) - d - 1, -10), 10), rel=1e-4, abs=1e-6)
+                min(max(math.exp(d) - d - 1, -10), 10), rel=1e-4, abs=1e-6
+            )
     assert (KL_ESTIMATORS.get("k3")(logp, logp) == 0).all()
 
 

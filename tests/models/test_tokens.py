@@ -28,7 +28,8 @@ class _FakeGptOss:
 
 def test_gpt_oss_ids_must_match_the_seed_table():
     assert harmony_token_ids(_FakeGptOss(dict(GPT_OSS_TOKEN_IDS))) == {
-        t: GPT_OSS_TOKEN_IDS[t] for t in HARMONY_SPECIAL_TOKENS}
+        t: GPT_OSS_TOKEN_IDS[t] for t in HARMONY_SPECIAL_TOKENS
+    }
     shifted = dict(GPT_OSS_TOKEN_IDS, **{"<|call|>": 5})
     with pytest.raises(ValueError, match="unexpected harmony ids"):
         harmony_token_ids(_FakeGptOss(shifted))

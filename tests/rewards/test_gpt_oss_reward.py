@@ -22,10 +22,14 @@ TEST_PARQUET = DATA / "rlla_4k" / "test.parquet"
 SFT_JSON = DATA / "rlla_4k_raw" / "rlla_sft.json"
 
 # Default, each variant alone, and two combinations ToolRL's scripts use.
-CONFIGS = [RewardConfig()] + [RewardConfig(**{f.name: True}) for f in fields(RewardConfig)] + [
-    RewardConfig(with_length=True, schedule_length=True, schedule_reward=True),
-    RewardConfig(correct_max1=True, refined=True, with_length=True),
-]
+CONFIGS = (
+    [RewardConfig()]
+    + [RewardConfig(**{f.name: True}) for f in fields(RewardConfig)]
+    + [
+        RewardConfig(with_length=True, schedule_length=True, schedule_reward=True),
+        RewardConfig(correct_max1=True, refined=True, with_length=True),
+    ]
+)
 STEPS = (0, 35, 160)
 
 CALL_GT = convert_ground_truth(
@@ -59,7 +63,9 @@ def test_converted_targets_score_the_maximum(xml_targets):
         harmony = convert_ground_truth(xml)
         has_call = "<|call|>" in harmony
         best = gpt_oss.compute_score(harmony, harmony)
-        assert (best.format, best.correctness, best.total) == ((1.0, 3.0, 4.0) if has_call else (1.0, 0.0, 1.0))
+        assert (best.format, best.correctness, best.total) == (
+            (1.0, 3.0, 4.0) if has_call else (1.0, 0.0, 1.0)
+        )
         if i % 4:  # every variant and step on a quarter of the rows keeps the test fast
             continue
         for cfg in CONFIGS:
@@ -208,7 +214,9 @@ def test_malformed_harmony_scores_the_minimum(cfg):
     for name, response in _malformed(CALL_GT).items():
         assert response != CALL_GT, name
         for step in STEPS:
-            _all_parts_at(response, CALL_GT, cfg, step, format_range(step, cfg)[1], correctness_range(step, cfg)[1])
+            _all_parts_at(
+                response, CALL_GT, cfg, step, format_range(step, cfg)[1], correctness_range(step, cfg)[1]
+            )
     for response in ("", "   ", "plain text", "<think> x </think>\n<response> y </response>", None, 42):
         _all_parts_at(response, CALL_GT, cfg, 0, format_range(0, cfg)[1], correctness_range(0, cfg)[1])
 
@@ -234,7 +242,9 @@ def test_layout_faults_cost_format_only():
     gt = f"{CALL_GT}\n{final}"
     for response in (f"{analysis}\n{final}\n{call1}\n{call2}", f"{analysis}\n{call1}\n{call2}"):
         assert gpt_oss.compute_score(response, gt).format == 0.0
-    assert gpt_oss.compute_score(f"{analysis}\n{call1}", ANSWER_GT) == rlla.RewardBreakdown(0.0, 0.0, 0.0, 0.0)
+    assert gpt_oss.compute_score(f"{analysis}\n{call1}", ANSWER_GT) == rlla.RewardBreakdown(
+        0.0, 0.0, 0.0, 0.0
+    )
 
 
 def test_random_token_soup_never_raises():

@@ -19,8 +19,12 @@ def test_lagrange_update_values():
 
 @pytest.mark.parametrize(
     ("args", "match"),
-    [((-0.1, 0.5, 0.3, 1.0), "lam must be >= 0"), ((0.0, 0.5, 0.3, -1.0), "lr must be >= 0"),
-     ((0.0, math.nan, 0.3, 1.0), "mean_cost must be a finite"), ((0.0, 0.5, math.inf, 1.0), "budget")],
+    [
+        ((-0.1, 0.5, 0.3, 1.0), "lam must be >= 0"),
+        ((0.0, 0.5, 0.3, -1.0), "lr must be >= 0"),
+        ((0.0, math.nan, 0.3, 1.0), "mean_cost must be a finite"),
+        ((0.0, 0.5, math.inf, 1.0), "budget"),
+    ],
 )
 def test_lagrange_update_rejects_bad_input(args, match):
     with pytest.raises(ValueError, match=match):

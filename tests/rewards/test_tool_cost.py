@@ -60,7 +60,10 @@ def test_batch_matches_loop_on_random_usages():
         usages.append(ToolUsage(n > 0 or rng.random() < 0.1, s > 0, c > 0, o > 0, n, {}, []))
     w = {"c_search": 0.3, "c_calculate": 0.7, "c_other": 1.1}
     got = batch_cost(usages, make_cost_fn("per_family", **w))
-    ref = [w["c_search"] * u.used_search + w["c_calculate"] * u.used_calculate + w["c_other"] * u.used_other for u in usages]
+    ref = [
+        w["c_search"] * u.used_search + w["c_calculate"] * u.used_calculate + w["c_other"] * u.used_other
+        for u in usages
+    ]
     assert got == pytest.approx(ref)
     assert batch_cost(usages, make_cost_fn("per_call", c_call=0.25, cap=0.6)) == pytest.approx(
         [min(0.25 * u.n_calls, 0.6) for u in usages]

@@ -35,7 +35,12 @@ def test_split_sections_roundtrip_and_titles():
     text = _prompt("1. Name: A\nDescription: d\nParameters: {}")
     parts = split_sections(text)
     assert "\n\n".join(parts) == text
-    assert [section_title(p) for p in parts] == [None, "Available Tools", "Steps for Each Turn", "Output Format"]
+    assert [section_title(p) for p in parts] == [
+        None,
+        "Available Tools",
+        "Steps for Each Turn",
+        "Output Format",
+    ]
 
 
 def test_parse_named_items_with_multiline_description_and_json():
@@ -53,7 +58,9 @@ def test_parse_named_items_with_multiline_description_and_json():
     assert text[block.start : block.end].startswith("**Available Tools**")
     assert text[block.end :].startswith("\n\n**Steps for Each Turn**")
     assert block.render(block.tools) == text[block.start : block.end]
-    assert block.render([block.tools[1]]).endswith("1. Name: calc_sum\nDescription: Calculates a sum.\nParameters: {}")
+    assert block.render([block.tools[1]]).endswith(
+        "1. Name: calc_sum\nDescription: Calculates a sum.\nParameters: {}"
+    )
 
 
 def test_parse_inline_items_and_python_literal_parameters():
@@ -75,13 +82,21 @@ def test_no_tools_section():
     [
         ("GetNews", "Retrieve Azure news articles", "search"),
         ("Convert Currency", "Convert any amount from one currency to another.", "calculate"),
-        ("6-TimeSeries Endpoint: Currency Exchange Rate", "Retrieve the exchange rates over a period.", "search"),
+        (
+            "6-TimeSeries Endpoint: Currency Exchange Rate",
+            "Retrieve the exchange rates over a period.",
+            "search",
+        ),
         ("monthly_mortgage_payment", "Calculates the monthly mortgage payment.", "calculate"),
         ("createDraftingElement", "Create a new drafting element", "other"),
         ("ESG Risk Rating API", "This API provides the ESG Risk Rating for a given stock.", "search"),
         ("find_max_subarray_sum", "Finds the maximum sum of a contiguous subarray of integers.", "calculate"),
         ("find_files", "Finds all files with a specific extension in a directory.", "search"),
-        ("hCOWBbL", "Performs binary search on a sorted list to find the index of a target value.", "calculate"),
+        (
+            "hCOWBbL",
+            "Performs binary search on a sorted list to find the index of a target value.",
+            "calculate",
+        ),
         ("is_hotel_available", "Checks the availability of a hotel for a given date range.", "search"),
         ("getWeather", "", "search"),
         ("calculate_bmi", "", "calculate"),
@@ -106,7 +121,12 @@ def test_label_tool_on_real_tools_is_sensible():
     assert counts["search"] > counts["calculate"] > counts["other"] > 0
     # spot checks drawn from the real list
     assert labels["GetNews"] == labels["Get Live Soccer Matches"] == labels["QKB30s6"] == "search"
-    assert labels["fibonacci"] == labels["greatest_common_divisor"] == labels["dice_roll_probability"] == "calculate"
+    assert (
+        labels["fibonacci"]
+        == labels["greatest_common_divisor"]
+        == labels["dice_roll_probability"]
+        == "calculate"
+    )
     assert labels["buildTower"] == labels["loginUser"] == labels["generate_password"] == "other"
     # every "Calculates ..." tool is a calculation, every "Retrieve(s) ..." one a search
     for name, desc in tools.items():
@@ -173,9 +193,14 @@ def test_weak_label_rules_xml():
     assert weak_label(_gt(call("o1")), fam) == "MIXED"
     assert weak_label(_gt("not json"), fam) == "MIXED"
     # reasoning quoting the tag is not a call
-    assert weak_label("<think> I could use <tool_call> here </think>\n<response> no </response>", fam) == "ANSWER"
+    assert (
+        weak_label("<think> I could use <tool_call> here </think>\n<response> no </response>", fam)
+        == "ANSWER"
+    )
     # descriptions from the prompt sharpen unlabelled names
-    assert weak_label(_gt(call("zz")), ToolFamilies(), descriptions={"zz": "Computes the GCD."}) == "CALCULATE"
+    assert (
+        weak_label(_gt(call("zz")), ToolFamilies(), descriptions={"zz": "Computes the GCD."}) == "CALCULATE"
+    )
 
 
 def test_weak_label_harmony():
@@ -203,14 +228,18 @@ def test_weak_labels_on_real_rows_xml_and_harmony_agree():
     ]
     assert set(xml_labels) == {"ANSWER", "SEARCH", "CALCULATE", "MIXED"}
     assert xml_labels[0] == "SEARCH"  # GetNews
-    assert xml_labels.count("ANSWER") == sum("<tool_call>" not in rm["ground_truth"] for rm in df["reward_model"])
+    assert xml_labels.count("ANSWER") == sum(
+        "<tool_call>" not in rm["ground_truth"] for rm in df["reward_model"]
+    )
     try:
         from src.datamodules.gpt_oss import convert_ground_truth
         import src.rewards.harmony_parse  # noqa: F401
     except ImportError:
         return
     harmony_labels = [
-        weak_label(convert_ground_truth(rm["ground_truth"]), fam, "harmony", tool_descriptions(p[0]["content"]))
+        weak_label(
+            convert_ground_truth(rm["ground_truth"]), fam, "harmony", tool_descriptions(p[0]["content"])
+        )
         for p, rm in zip(df["prompt"], df["reward_model"])
     ]
     assert harmony_labels == xml_labels

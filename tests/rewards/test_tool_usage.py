@@ -55,7 +55,9 @@ def test_empty_block_is_a_tool_attempt_without_calls():
 
 
 def test_blank_line_inside_block_is_not_a_call():
-    usage = tool_usage("<think> t </think>\n<tool_call>\n" + call("s1") + "\n\n" + call("c1") + "\n</tool_call>", FAM)
+    usage = tool_usage(
+        "<think> t </think>\n<tool_call>\n" + call("s1") + "\n\n" + call("c1") + "\n</tool_call>", FAM
+    )
     assert usage.names == ["s1", "c1"] and not usage.parse_ok  # the reward's parser rejects the blank line
 
 
@@ -63,7 +65,13 @@ def test_tag_inside_think_is_ignored_and_all_blocks_count():
     text = xml(call("c1"), think="maybe <tool_call> " + call("s1") + " </tool_call> later")
     usage = tool_usage(text, FAM)
     assert usage.names == ["c1"]
-    text = "<think> a </think>\n<tool_call>\n" + call("s1") + "\n</tool_call>\n<tool_call>\n" + call("o1") + "\n</tool_call>"
+    text = (
+        "<think> a </think>\n<tool_call>\n"
+        + call("s1")
+        + "\n</tool_call>\n<tool_call>\n"
+        + call("o1")
+        + "\n</tool_call>"
+    )
     assert tool_usage(text, FAM).names == ["s1", "o1"]
     # no </think>: the whole text is read
     assert tool_usage("<tool_call>\n" + call("s1") + "\n</tool_call>", FAM).names == ["s1"]
@@ -83,7 +91,9 @@ def test_bad_format_and_non_string():
 
 
 def test_descriptions_feed_the_heuristic():
-    usage = tool_usage(xml(call("zz")), ToolFamilies(), descriptions={"zz": "Computes the average of numbers."})
+    usage = tool_usage(
+        xml(call("zz")), ToolFamilies(), descriptions={"zz": "Computes the average of numbers."}
+    )
     assert usage.calls_per_family == {"calculate": 1}
 
 
@@ -123,7 +133,9 @@ def harmony():
 
 
 def test_harmony_calls(harmony):
-    usage = tool_usage("\n".join([ANALYSIS, hcall("s1", '{"q":"x"}'), hcall("c1"), FINAL]), FAM, fmt="harmony")
+    usage = tool_usage(
+        "\n".join([ANALYSIS, hcall("s1", '{"q":"x"}'), hcall("c1"), FINAL]), FAM, fmt="harmony"
+    )
     assert usage.names == ["s1", "c1"] and usage.parse_ok
     assert usage.used_search and usage.used_calculate and usage.n_calls == 2
     assert tool_usage(ANALYSIS + "\n" + FINAL, FAM, fmt="harmony") == ToolUsage()
@@ -133,7 +145,14 @@ def test_harmony_calls(harmony):
 
 
 def test_harmony_malformed_keeps_readable_names(harmony):
-    text = "\n".join([ANALYSIS, hcall("s1", "{not json"), hcall("c1"), "<|start|>assistant to=browser.search<|channel|>commentary<|message|>{}<|call|>"])
+    text = "\n".join(
+        [
+            ANALYSIS,
+            hcall("s1", "{not json"),
+            hcall("c1"),
+            "<|start|>assistant to=browser.search<|channel|>commentary<|message|>{}<|call|>",
+        ]
+    )
     usage = tool_usage(text, FAM, fmt="harmony")
     assert not usage.parse_ok and usage.used_any_tool
     assert usage.names == ["s1", "c1", None]
@@ -152,5 +171,7 @@ def test_harmony_matches_xml_on_real_ground_truths(harmony):
     for prompt, rm in zip(df["prompt"], df["reward_model"]):
         desc = tool_descriptions(prompt[0]["content"])
         a = tool_usage(rm["ground_truth"], fam, descriptions=desc)
-        b = tool_usage(gpt_oss.convert_ground_truth(rm["ground_truth"]), fam, fmt="harmony", descriptions=desc)
+        b = tool_usage(
+            gpt_oss.convert_ground_truth(rm["ground_truth"]), fam, fmt="harmony", descriptions=desc
+        )
         assert a == b

@@ -1,6 +1,12 @@
 import torch
 
-from src.rollout.engine import HFGenerateEngine, RolloutEngine, SamplingParams, mask_after_stop, sampling_log_probs
+from src.rollout.engine import (
+    HFGenerateEngine,
+    RolloutEngine,
+    SamplingParams,
+    mask_after_stop,
+    sampling_log_probs,
+)
 
 
 def test_mask_after_stop_includes_first_stop_only():
@@ -20,7 +26,10 @@ def test_hf_engine_generates_left_padded_batches_with_logprobs(tiny):
     model, tok = tiny
     engine = HFGenerateEngine(model, tok.pad_token_id, [tok.eos_token_id])
     assert isinstance(engine, RolloutEngine)
-    prompts = [tok("hello there", add_special_tokens=False)["input_ids"], tok("a", add_special_tokens=False)["input_ids"]]
+    prompts = [
+        tok("hello there", add_special_tokens=False)["input_ids"],
+        tok("a", add_special_tokens=False)["input_ids"],
+    ]
     torch.manual_seed(0)
     out = engine.generate(prompts, SamplingParams(n=3, temperature=1.0, max_new_tokens=8))
     assert out.response_ids.shape[0] == 6 and out.response_ids.shape[1] <= 8
@@ -30,8 +39,8 @@ def test_hf_engine_generates_left_padded_batches_with_logprobs(tiny):
     i = 4  # a copy of the shorter, left-padded prompt
     seq = torch.tensor([prompts[1] + out.token_lists()[i]])
     with torch.no_grad():
-        logits = model(seq).logits[0, len(prompts[1]) - 1:-1]
-    ref = torch.log_softmax(logits, -1).gather(-1, seq[0, len(prompts[1]):, None]).squeeze(-1)
+        logits = model(seq).logits[0, len(prompts[1]) - 1 : -1]
+    ref = torch.log_softmax(logits, -1).gather(-1, seq[0, len(prompts[1]) :, None]).squeeze(-1)
     n = len(out.token_lists()[i])
     assert torch.allclose(out.log_probs[i, :n], ref, atol=1e-4)
 

@@ -32,13 +32,16 @@ class ScriptedEngine:
         outs = []
         for p in prompt_ids:
             text = "cat strategy.py" if p.count(self.tok.eos_token_id) == 2 else "submit"
-            outs.append((self.tok.encode(text, add_special_tokens=False) + [self.tok.eos_token_id])
-                        [:sampling.max_new_tokens])
+            outs.append(
+                (self.tok.encode(text, add_special_tokens=False) + [self.tok.eos_token_id])[
+                    : sampling.max_new_tokens
+                ]
+            )
         width = max(len(o) for o in outs)
         ids = torch.full((len(outs), width), self.tok.pad_token_id)
         mask = torch.zeros((len(outs), width), dtype=torch.long)
         for i, o in enumerate(outs):
-            ids[i, :len(o)], mask[i, :len(o)] = torch.tensor(o), 1
+            ids[i, : len(o)], mask[i, : len(o)] = torch.tensor(o), 1
         return Completions(ids, mask, -0.5 * mask.float())
 
     def update_weights(self, state_dict=None):
@@ -58,8 +61,12 @@ class TrackingFactory:
 def test_collect_packs_episodes_into_a_rollout_batch(tiny):
     tok = tiny[1]
     factory = TrackingFactory()
-    collector = EpisodeCollector(tok, ScriptedEngine(tok), factory,
-                                 EpisodeSettings(group_size=2, token_budget=400, turn_cap=16, baseline=1.0))
+    collector = EpisodeCollector(
+        tok,
+        ScriptedEngine(tok),
+        factory,
+        EpisodeSettings(group_size=2, token_budget=400, turn_cap=16, baseline=1.0),
+    )
     records = [{"uid": "a", "seed": 5}, {"uid": "b", "seed": 6}]
     rb = collector.collect(records, step=3)
     eps = rb.episodes
@@ -69,11 +76,11 @@ def test_collect_packs_episodes_into_a_rollout_batch(tiny):
     assert t == max(len(e.response_ids) for e in eps) and rb.input_ids.shape[1] == rb.prompt_width + t
     for i, e in enumerate(eps):
         k, lp = len(e.response_ids), len(e.prompt_ids)
-        assert rb.input_ids[i, rb.prompt_width - lp:rb.prompt_width].tolist() == e.prompt_ids
-        assert rb.input_ids[i, rb.prompt_width:rb.prompt_width + k].tolist() == e.response_ids
+        assert rb.input_ids[i, rb.prompt_width - lp : rb.prompt_width].tolist() == e.prompt_ids
+        assert rb.input_ids[i, rb.prompt_width : rb.prompt_width + k].tolist() == e.response_ids
         assert rb.response_mask[i, :k].tolist() == e.response_mask and rb.response_mask[i, k:].sum() == 0
         # the model attends to observations too; only padding is masked out
-        assert rb.attention_mask[i].sum() == lp + k and rb.attention_mask[i, rb.prompt_width:][:k].all()
+        assert rb.attention_mask[i].sum() == lp + k and rb.attention_mask[i, rb.prompt_width :][:k].all()
         assert torch.allclose(rb.rollout_log_probs[i, :k], -0.5 * torch.tensor(e.response_mask).float())
         assert e.exit_status == "submitted" and e.num_steps == 2
         assert rb.rewards[i] == pytest.approx(e.score - 1.0)
@@ -96,14 +103,21 @@ def test_assembled_batch_reproduces_the_sampling_log_probs(tiny):
     """Teacher forcing the packed sequences (observations attended) gives the engine's log-probs."""
     model, tok = tiny
     engine = HFGenerateEngine(model, tok.pad_token_id, [tok.eos_token_id])
-    collector = EpisodeCollector(tok, engine, TrackingFactory(),
-                                 EpisodeSettings(group_size=2, token_budget=80, turn_cap=16, env_workers=2))
+    collector = EpisodeCollector(
+        tok,
+        engine,
+        TrackingFactory(),
+        EpisodeSettings(group_size=2, token_budget=80, turn_cap=16, env_workers=2),
+    )
     torch.manual_seed(1)
     rb = collector.collect([{"uid": 0, "seed": 9}], step=0)
     width = rb.response_mask.shape[1]
     with torch.no_grad():
-        logits = model(input_ids=rb.input_ids, attention_mask=rb.attention_mask,
-                       position_ids=position_ids(rb.attention_mask)).logits[:, -width - 1:-1]
+        logits = model(
+            input_ids=rb.input_ids,
+            attention_mask=rb.attention_mask,
+            position_ids=position_ids(rb.attention_mask),
+        ).logits[:, -width - 1 : -1]
     logp = torch.log_softmax(logits.float(), -1).gather(-1, rb.input_ids[:, -width:, None]).squeeze(-1)
     on = rb.response_mask.bool()
     assert on.any() and (~on & rb.attention_mask[:, -width:].bool()).any()  # observations present
@@ -135,7 +149,12 @@ def test_factory_builds_the_local_collector_from_config(tiny):
     collector = make_episode_collector(cfg, tiny[1], ScriptedEngine(tiny[1]), module=None)
     s = collector.settings
     assert (s.group_size, s.token_budget, s.turn_cap, s.temperatures, s.baseline) == (
-        cfg.rollout.n, cfg.env.token_budget, cfg.env.turn_cap, [0.5, 1.0], 1.02)
+        cfg.rollout.n,
+        cfg.env.token_budget,
+        cfg.env.turn_cap,
+        [0.5, 1.0],
+        1.02,
+    )
     env = collector.env_factory()
     try:
         assert isinstance(env, LocalGameEnv) and env.config.simulations == cfg.env.simulations

@@ -22,8 +22,8 @@ def _pad(outs: list[list[int]], pad_id: int) -> Completions:
     ids = torch.full((len(outs), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(outs), width), dtype=torch.long)
     for i, o in enumerate(outs):
-        ids[i, :len(o)] = torch.tensor(o, dtype=torch.long)
-        mask[i, :len(o)] = 1
+        ids[i, : len(o)] = torch.tensor(o, dtype=torch.long)
+        mask[i, : len(o)] = 1
     return Completions(ids, mask, torch.zeros(ids.shape))
 
 
@@ -45,7 +45,7 @@ class ScriptedEngine:
             text = self.script[min(self.turn_of(p), len(self.script) - 1)]
             eos = [self.tok.eos_token_id] if self.eos else []
             ids = self.tok.encode(text, add_special_tokens=False) + eos
-            outs.append(ids[:sampling.max_new_tokens])
+            outs.append(ids[: sampling.max_new_tokens])
         return _pad(outs, self.tok.pad_token_id)
 
     def update_weights(self, state_dict=None):
@@ -81,18 +81,21 @@ def tok(tiny):
 
 
 # ------------------------------------------------------------------ parsing
-@pytest.mark.parametrize("text, expected", [
-    ("cat strategy.py\nsome junk after", "cat strategy.py"),
-    ("\n\n   validate  \n", "validate"),
-    ("I will look.\n```bash\nls -la\n```\ntrailing", "ls -la"),
-    ("```\npython -c 'print(1)'", "python -c 'print(1)'"),
-    ("<level>2</level><think>check file</think><action>cat strategy.py</action>junk", "cat strategy.py"),
-    ("<level>1</level><action>submit", "submit"),
-    (ALWAYS_ZERO + "\nmore junk", ALWAYS_ZERO),
-    ("cat > f.py << EOF\nx = 1", "cat > f.py << EOF\nx = 1"),
-    ("", ""),
-    ("  \n \n", ""),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("cat strategy.py\nsome junk after", "cat strategy.py"),
+        ("\n\n   validate  \n", "validate"),
+        ("I will look.\n```bash\nls -la\n```\ntrailing", "ls -la"),
+        ("```\npython -c 'print(1)'", "python -c 'print(1)'"),
+        ("<level>2</level><think>check file</think><action>cat strategy.py</action>junk", "cat strategy.py"),
+        ("<level>1</level><action>submit", "submit"),
+        (ALWAYS_ZERO + "\nmore junk", ALWAYS_ZERO),
+        ("cat > f.py << EOF\nx = 1", "cat > f.py << EOF\nx = 1"),
+        ("", ""),
+        ("  \n \n", ""),
+    ],
+)
 def test_action_from_text(text, expected):
     assert action_from_text(text) == expected
 
@@ -133,7 +136,7 @@ def test_scripted_always_zero_then_submit_scores_about_1_44(tok):
     # mask 1 exactly on the scripted ids (eos included), 0 on everything the env produced
     scripted = [tok.encode(s, add_special_tokens=False) + [tok.eos_token_id] for s in (ALWAYS_ZERO, "submit")]
     for step, ids in zip(ep.steps, scripted):
-        assert ep.response_ids[step.action_start:step.action_end] == ids
+        assert ep.response_ids[step.action_start : step.action_end] == ids
     on = [i for i, m in enumerate(ep.response_mask) if m]
     assert on == [i for s in ep.steps for i in range(s.action_start, s.action_end)]
     assert "Final score" in ep.final_observation
@@ -142,8 +145,9 @@ def test_scripted_always_zero_then_submit_scores_about_1_44(tok):
 def test_budget_ends_the_episode_without_running_a_cut_action(tok):
     # a long command with no eos: cut by turn_cap (40) it runs; cut by the budget it does not
     engine = ScriptedEngine(tok, ["echo " + "a b c d " * 40], eos=False)
-    groups = collect_groups(engine, tok, _env_factory(), [3, 4], group_size=1, temperatures=1.0,
-                            token_budget=150, turn_cap=40)
+    groups = collect_groups(
+        engine, tok, _env_factory(), [3, 4], group_size=1, temperatures=1.0, token_budget=150, turn_cap=40
+    )
     for ep in (g[0] for g in groups):
         assert ep.budget_exhausted and ep.exit_status == "submitted"
         assert ep.score > 0  # the starter strategy was submitted
@@ -156,16 +160,18 @@ def test_budget_ends_the_episode_without_running_a_cut_action(tok):
         last = ep.steps[-1]
         assert last.executed == (last.action_end < 150)
 
-    [[ep]] = collect_groups(engine, tok, _env_factory(), [3], group_size=1, temperatures=1.0,
-                            token_budget=30, turn_cap=64)
+    [[ep]] = collect_groups(
+        engine, tok, _env_factory(), [3], group_size=1, temperatures=1.0, token_budget=30, turn_cap=64
+    )
     assert ep.budget_exhausted and ep.num_steps == 0 and len(ep.response_ids) == 30
     assert ep.response_mask == [1] * 30 and not ep.steps[0].executed and ep.exit_status == "submitted"
 
 
 def test_same_seed_same_first_observation_and_lockstep_calls(tok):
     engine = ScriptedEngine(tok, ["cat strategy.py", "validate", "submit"])
-    groups = collect_groups(engine, tok, _env_factory(), [11, 12], group_size=3, temperatures=0.9,
-                            token_budget=600, turn_cap=32)
+    groups = collect_groups(
+        engine, tok, _env_factory(), [11, 12], group_size=3, temperatures=0.9, token_budget=600, turn_cap=32
+    )
     assert [len(g) for g in groups] == [3, 3]
     for g in groups:
         assert all(e.prompt_ids == g[0].prompt_ids for e in g)
@@ -179,8 +185,9 @@ def test_same_seed_same_first_observation_and_lockstep_calls(tok):
 
 def test_one_call_per_distinct_temperature(tok):
     engine = ScriptedEngine(tok, ["submit"])
-    [group] = collect_groups(engine, tok, _env_factory(), [5], group_size=3, temperatures=[0.5, 1.0],
-                             token_budget=200, turn_cap=8)
+    [group] = collect_groups(
+        engine, tok, _env_factory(), [5], group_size=3, temperatures=[0.5, 1.0], token_budget=200, turn_cap=8
+    )
     assert [e.temperature for e in group] == [0.5, 1.0, 0.5]
     assert sorted((n, s.temperature) for n, s in engine.calls) == [(1, 1.0), (2, 0.5)]
 
@@ -191,8 +198,17 @@ def test_real_episode_masks_match_generated_ids(tiny):
     engine = RecordingEngine(HFGenerateEngine(model, tok.pad_token_id, [tok.eos_token_id]))
     budget, cap = 120, 24
     torch.manual_seed(0)
-    groups = collect_groups(engine, tok, _env_factory(), [1, 2], group_size=2, temperatures=1.0,
-                            token_budget=budget, turn_cap=cap, env_workers=2)
+    groups = collect_groups(
+        engine,
+        tok,
+        _env_factory(),
+        [1, 2],
+        group_size=2,
+        temperatures=1.0,
+        token_budget=budget,
+        turn_cap=cap,
+        env_workers=2,
+    )
     episodes = [e for g in groups for e in g]
     contexts: dict[tuple, list[list[int]]] = {}
     for context, out in engine.record:
@@ -203,9 +219,9 @@ def test_real_episode_masks_match_generated_ids(tiny):
         for step in ep.steps:
             # the context of each turn was exactly prompt + response so far, and the kept ids are
             # a prefix of what the engine generated for it
-            outs = contexts[tuple(ep.prompt_ids + ep.response_ids[:step.action_start])]
-            kept = ep.response_ids[step.action_start:step.action_end]
-            assert 1 <= len(kept) <= cap and any(out[:len(kept)] == kept for out in outs)
+            outs = contexts[tuple(ep.prompt_ids + ep.response_ids[: step.action_start])]
+            kept = ep.response_ids[step.action_start : step.action_end]
+            assert 1 <= len(kept) <= cap and any(out[: len(kept)] == kept for out in outs)
             assert all(ep.response_mask[i] == 1 for i in range(step.action_start, step.action_end))
             covered.update(range(step.action_start, step.action_end))
         # every other token is an observation token: mask 0, log-prob 0

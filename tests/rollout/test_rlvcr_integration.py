@@ -22,6 +22,7 @@ from src.rollout.rlvcr import (
     settings_from_algorithm,
 )
 
+
 # ---------------------------------------------------------------------------- pure parts
 def grpo_loop(rewards, uids, eps=1e-6):
     out = []
@@ -45,7 +46,9 @@ def test_scatter_matches_loop_on_random_spans():
             for a, b in ((cut[0], cut[1]), (cut[2], cut[3])):
                 rows.append(r), starts.append(a), ends.append(b)
         step_adv = torch.randn(len(rows), generator=gen)
-        out = scatter_step_advantages(mask, traj, torch.tensor(rows), torch.tensor(starts), torch.tensor(ends), step_adv)
+        out = scatter_step_advantages(
+            mask, traj, torch.tensor(rows), torch.tensor(starts), torch.tensor(ends), step_adv
+        )
         ref = torch.zeros(n, t)
         for r in range(n):
             for j in range(t):
@@ -59,8 +62,14 @@ def test_scatter_matches_loop_on_random_spans():
 
 def test_scatter_rejects_overlapping_spans():
     with pytest.raises(ValueError, match="overlap"):
-        scatter_step_advantages(torch.ones(1, 5), torch.zeros(1), torch.tensor([0, 0]), torch.tensor([0, 2]),
-                                torch.tensor([3, 4]), torch.ones(2))
+        scatter_step_advantages(
+            torch.ones(1, 5),
+            torch.zeros(1),
+            torch.tensor([0, 0]),
+            torch.tensor([0, 2]),
+            torch.tensor([3, 4]),
+            torch.ones(2),
+        )
 
 
 def test_qualifying_modes_and_penalty():
@@ -73,17 +82,36 @@ def test_qualifying_modes_and_penalty():
     assert qualifying_episodes(r, g, "all").all()
     with pytest.raises(ValueError, match="qualify"):
         qualifying_episodes(r, g, "best")
-    torch.testing.assert_close(penalised_rewards(r, torch.tensor([0.0, 1.0, 0.5, 0, 0]), -0.2),
-                               torch.tensor([1.0, -0.2, 0.4, 0.2, 0.2]))
+    torch.testing.assert_close(
+        penalised_rewards(r, torch.tensor([0.0, 1.0, 0.5, 0, 0]), -0.2),
+        torch.tensor([1.0, -0.2, 0.4, 0.2, 0.2]),
+    )
 
 
 def test_settings_from_algorithm_maps_config_keys():
-    s = settings_from_algorithm({"step_advantage_w": 0.5, "thinking_cost_alpha": 0.2, "cost_max": 32.0,
-                                 "rlvcr_mode": "neg_entropy", "rlvcr_qualify": "group_mean",
-                                 "rlvcr_format_penalty": 0.1, "rlvcr_think_max_new_tokens": 8, "adv_eps": 1e-5,
-                                 "unrelated": 3})
-    assert (s.w, s.alpha, s.cost_max, s.mode, s.qualify, s.format_penalty, s.think_max_new_tokens, s.adv_eps) == (
-        0.5, 0.2, 32.0, "neg_entropy", "group_mean", 0.1, 8, 1e-5)
+    s = settings_from_algorithm(
+        {
+            "step_advantage_w": 0.5,
+            "thinking_cost_alpha": 0.2,
+            "cost_max": 32.0,
+            "rlvcr_mode": "neg_entropy",
+            "rlvcr_qualify": "group_mean",
+            "rlvcr_format_penalty": 0.1,
+            "rlvcr_think_max_new_tokens": 8,
+            "adv_eps": 1e-5,
+            "unrelated": 3,
+        }
+    )
+    assert (
+        s.w,
+        s.alpha,
+        s.cost_max,
+        s.mode,
+        s.qualify,
+        s.format_penalty,
+        s.think_max_new_tokens,
+        s.adv_eps,
+    ) == (0.5, 0.2, 32.0, "neg_entropy", "group_mean", 0.1, 8, 1e-5)
     with pytest.raises(ValueError, match="qualify"):
         RlvcrSettings(qualify="nope")
 
@@ -93,9 +121,12 @@ def build_episode(tok, turns: list[str], reward: float) -> Episode:
     """ChatML episode: each turn is a generated assistant message (mask 1, eos included) followed by
     an observation turn (mask 0), as the episode collector lays it out."""
     enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
-    prompt = tok.apply_chat_template([{"role": "system", "content": "Play the game."},
-                                      {"role": "user", "content": "OBSERVATION:\nstart"}],
-                                     add_generation_prompt=True, tokenize=True, return_dict=False)
+    prompt = tok.apply_chat_template(
+        [{"role": "system", "content": "Play the game."}, {"role": "user", "content": "OBSERVATION:\nstart"}],
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=False,
+    )
     prompt = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)
     ids, mask, steps = [], [], []
     for j, text in enumerate(turns):
@@ -103,15 +134,31 @@ def build_episode(tok, turns: list[str], reward: float) -> Episode:
         start = len(ids)
         ids += gen
         mask += [1] * len(gen)
-        steps.append(StepRecord(action_start=start, action_end=len(ids), action_text=action_from_text(text),
-                                generated_text=text + tok.eos_token))
+        steps.append(
+            StepRecord(
+                action_start=start,
+                action_end=len(ids),
+                action_text=action_from_text(text),
+                generated_text=text + tok.eos_token,
+            )
+        )
         if j < len(turns) - 1:
             obs = enc(f"\n<|im_start|>user\nOBSERVATION:\nresult {j}<|im_end|>\n<|im_start|>assistant\n")
             ids += obs
             mask += [0] * len(obs)
-    return Episode(prompt_ids=prompt, response_ids=ids, response_mask=mask, reward=reward, score=reward,
-                   num_steps=len(turns), seed=0, temperature=1.0, exit_status="submitted", steps=steps,
-                   budget_exhausted=False)
+    return Episode(
+        prompt_ids=prompt,
+        response_ids=ids,
+        response_mask=mask,
+        reward=reward,
+        score=reward,
+        num_steps=len(turns),
+        seed=0,
+        temperature=1.0,
+        exit_status="submitted",
+        steps=steps,
+        budget_exhausted=False,
+    )
 
 
 def make_batch(tok, episodes, uids) -> RolloutBatch:
@@ -122,9 +169,15 @@ def make_batch(tok, episodes, uids) -> RolloutBatch:
         resp[i, : len(e.response_ids)] = torch.tensor(e.response_ids)
         rmask[i, : len(e.response_mask)] = torch.tensor(e.response_mask)
     ids, attn = assemble_sequences([e.prompt_ids for e in episodes], resp, rmask, tok.pad_token_id)
-    batch = RolloutBatch(input_ids=ids, attention_mask=attn, response_mask=rmask,
-                         rewards=torch.tensor([e.reward for e in episodes]), uids=uids,
-                         rollout_log_probs=torch.zeros(rmask.shape), rows=[{"step": 0} for _ in episodes])
+    batch = RolloutBatch(
+        input_ids=ids,
+        attention_mask=attn,
+        response_mask=rmask,
+        rewards=torch.tensor([e.reward for e in episodes]),
+        uids=uids,
+        rollout_log_probs=torch.zeros(rmask.shape),
+        rows=[{"step": 0} for _ in episodes],
+    )
     batch.episodes = episodes
     return batch
 
@@ -141,7 +194,9 @@ class CountingEngine(HFGenerateEngine):
 
 GOOD_2 = "<level>2</level><think>check the file</think><action>cat strategy.py</action>"
 GOOD_1 = "<level>1</level><action>submit</action>"
-GOOD_4 = "<level>4</level><think>the opponent copies me so I should cooperate</think><action>validate</action>"
+GOOD_4 = (
+    "<level>4</level><think>the opponent copies me so I should cooperate</think><action>validate</action>"
+)
 BAD = "just some text without tags"
 
 
@@ -213,12 +268,12 @@ def test_token_advantages_land_on_step_tokens(setup, monkeypatch):
         sd = math.sqrt(sum((x - mu) ** 2 for x in r) / 3)
         think = (r[lv - 1] - mu) / (sd + st.adv_eps) if max(r) - min(r) > 1e-6 else 0.0
         span = episodes[e].steps[j]
-        got = adv[e, span.action_start: span.action_end]
+        got = adv[e, span.action_start : span.action_end]
         torch.testing.assert_close(got, torch.full_like(got, traj[e] + st.w * think), atol=1e-4, rtol=1e-4)
     # non-qualifying steps (episode 1, episode 2's malformed step, episode 3) carry the trajectory advantage
     for e, j in [(1, 0), (1, 1), (2, 1), (3, 0)]:
         span = episodes[e].steps[j]
-        got = adv[e, span.action_start: span.action_end]
+        got = adv[e, span.action_start : span.action_end]
         torch.testing.assert_close(got, torch.full_like(got, traj[e]), atol=1e-5, rtol=1e-5)
     assert float(adv[3].abs().max()) == 0.0
 
@@ -256,8 +311,12 @@ def test_collector_wrapper_augments_inner_batch(setup, monkeypatch):
         def collect(self, records, step, lam=0.0, generator=None):
             return make_batch(tok, episodes, uids)
 
-    aug = RlvcrAugmenter(tok, HFGenerateEngine(model, tok.pad_token_id, [tok.eos_token_id]), model,
-                         RlvcrSettings(think_max_new_tokens=4))
+    aug = RlvcrAugmenter(
+        tok,
+        HFGenerateEngine(model, tok.pad_token_id, [tok.eos_token_id]),
+        model,
+        RlvcrSettings(think_max_new_tokens=4),
+    )
     wrapped = RlvcrCollector(Inner(), aug)
     assert wrapped.engine == "the engine"
     batch = wrapped.collect([], step=0)
@@ -268,7 +327,9 @@ def test_missing_episodes_is_a_clear_error(setup):
     model, tok, episodes, uids = setup
     batch = make_batch(tok, episodes, uids)
     del batch.episodes
-    aug = RlvcrAugmenter(tok, HFGenerateEngine(model, tok.pad_token_id, [tok.eos_token_id]), model, RlvcrSettings())
+    aug = RlvcrAugmenter(
+        tok, HFGenerateEngine(model, tok.pad_token_id, [tok.eos_token_id]), model, RlvcrSettings()
+    )
     with pytest.raises(ValueError, match="episodes"):
         aug.augment(batch)
 
@@ -315,7 +376,7 @@ def test_budget_cut_turn_is_neither_scored_nor_penalised(setup, monkeypatch):
     assert len(rec["groups"]) == 2 and [c[0] for c in engine.calls] == [4]
     span = eps[0].steps[1]
     traj = grpo_loop([1.0, 0.0 - 0.5, 0.5 - 0.5, -1.0], uids)
-    got = batch.token_advantages[0, span.action_start: span.action_end]
+    got = batch.token_advantages[0, span.action_start : span.action_end]
     torch.testing.assert_close(got, torch.full_like(got, traj[0]), atol=1e-5, rtol=1e-5)
 
 
@@ -328,15 +389,19 @@ def test_generation_prompt_keeps_history_ids(setup, monkeypatch):
             seen.extend(prompt_ids)
             return super().generate(prompt_ids, sampling)
 
-    aug = RlvcrAugmenter(tok, Recording(model, tok.pad_token_id, [tok.eos_token_id]), model,
-                         RlvcrSettings(think_max_new_tokens=2))
+    aug = RlvcrAugmenter(
+        tok,
+        Recording(model, tok.pad_token_id, [tok.eos_token_id]),
+        model,
+        RlvcrSettings(think_max_new_tokens=2),
+    )
     aug.augment(make_batch(tok, episodes, uids))
     ep, step = episodes[0], episodes[0].steps[0]
     history = ep.prompt_ids + ep.response_ids[: step.action_start]
     first = seen[0]  # episode 0, step 0 (level 2): level 3 is generated first
     assert first[: len(history)] == history
-    assert tok.decode(first[len(history):]).endswith("<level>3</level><think>")
-    assert "Thinking level 3" in tok.decode(first[len(history):])
+    assert tok.decode(first[len(history) :]).endswith("<level>3</level><think>")
+    assert "Thinking level 3" in tok.decode(first[len(history) :])
 
 
 def test_factory_wraps_the_episode_collector_for_rlvcr(tiny):
@@ -351,7 +416,9 @@ def test_factory_wraps_the_episode_collector_for_rlvcr(tiny):
     configs = Path(__file__).resolve().parents[2] / "configs"
     with initialize_config_dir(config_dir=str(configs), version_base=None):
         cfg = compose(config_name="train", overrides=["experiment=rlvcr"])
-        plain = compose(config_name="train", overrides=["experiment=rlvcr", "algorithm=grpo", "env.step_format=plain"])
+        plain = compose(
+            config_name="train", overrides=["experiment=rlvcr", "algorithm=grpo", "env.step_format=plain"]
+        )
         bad = compose(config_name="train", overrides=["experiment=rlvcr", "env.step_format=fancy"])
 
     class Module:

@@ -9,7 +9,12 @@ from pathlib import Path
 import pytest
 
 from src.rewards.tool_families import ToolFamilies, parse_tools_block, section_title, split_sections
-from src.rollout.route_prompts import ANSWER_INSTRUCTIONS, PREFERENCE_HEADING, route_messages, route_system_prompt
+from src.rollout.route_prompts import (
+    ANSWER_INSTRUCTIONS,
+    PREFERENCE_HEADING,
+    route_messages,
+    route_system_prompt,
+)
 from src.rollout import route_prompts
 from src.rollout.routes import Route
 
@@ -36,7 +41,9 @@ def _real_prompts() -> list[tuple[str, str]]:
 def _synthetic_prompts() -> list[tuple[str, str]]:
     synthetic = pytest.importorskip("src.datamodules.synthetic")
     tools = list(synthetic.TOOLS.values())
-    prompts = [synthetic.build_system_prompt(tools[i : i + k]) for i in range(0, len(tools), 3) for k in (1, 3, 5)]
+    prompts = [
+        synthetic.build_system_prompt(tools[i : i + k]) for i in range(0, len(tools), 3) for k in (1, 3, 5)
+    ]
     # a multi-line description and pretty-printed parameters
     prompts.append(
         synthetic.build_system_prompt(tools[:2]).replace(
@@ -100,7 +107,9 @@ def check_family(system: str, fmt: str, route: Route, caplog) -> None:
     assert [t.number for t in new_block.tools] == list(range(1, len(mine) + 1))
     assert only[: new_block.start] == system[: block.start]
     assert only[new_block.end :].startswith(system[block.end :])
-    assert only.endswith(f"only the {'search' if family == 'search' else 'calculation'} tools are listed above.")
+    assert only.endswith(
+        f"only the {'search' if family == 'search' else 'calculation'} tools are listed above."
+    )
     for name in labels:
         if name not in mine:
             assert f"Name: {name}\n" not in only[new_block.start : new_block.end]
@@ -114,7 +123,9 @@ def test_every_real_row_every_route(caplog):
         check_answer(system, fmt)
         for route in (Route.SEARCH, Route.CALCULATE):
             check_family(system, fmt, route, caplog)
-            fallbacks += not any(f == route.label for f in FAM.of_tools(parse_tools_block(system).tools).values())
+            fallbacks += not any(
+                f == route.label for f in FAM.of_tools(parse_tools_block(system).tools).values()
+            )
     assert fallbacks > 0  # the real data has prompts without calculate tools: the fallback ran
 
 
@@ -147,7 +158,10 @@ def test_only_family_falls_back_with_warning(caplog, monkeypatch):
     with caplog.at_level(logging.WARNING, logger="src.rollout.route_prompts"):
         out = route_system_prompt(system, Route.CALCULATE, FAM, mode="only_family")
     assert out == route_system_prompt(system, Route.CALCULATE, FAM, mode="emphasis")
-    assert "None of the listed tools is a calculation tool" in out and "Avoid the search tools (`web_search`)" in out
+    assert (
+        "None of the listed tools is a calculation tool" in out
+        and "Avoid the search tools (`web_search`)" in out
+    )
     assert any("no calculate tool" in r.getMessage() for r in caplog.records)
 
 
@@ -160,8 +174,13 @@ def test_overrides_change_the_listed_family():
 
 
 def test_route_messages_copies_and_validates():
-    messages = [{"role": "system", "content": "Hi.\n\n**Available Tools**\n1. Name: GetNews\nDescription: Retrieve news."},
-                {"role": "user", "content": "news?"}]
+    messages = [
+        {
+            "role": "system",
+            "content": "Hi.\n\n**Available Tools**\n1. Name: GetNews\nDescription: Retrieve news.",
+        },
+        {"role": "user", "content": "news?"},
+    ]
     out = route_messages(messages, 0, FAM)
     assert out[1] == messages[1] and out[0] is not messages[0]
     assert "GetNews" in messages[0]["content"] and "GetNews" not in out[0]["content"]

@@ -27,8 +27,14 @@ def test_parquet(router_run):
 
 
 def _run(script: str, *args: str) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, str(REPO / "scripts" / script), *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=300, check=False)
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / script), *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
     return proc
 
@@ -48,8 +54,18 @@ def test_infer_prompt_prints_route_prompt_response_and_tools(router_run):
 
 
 def test_infer_parquet_json_with_forced_route(router_run, test_parquet):
-    out = _run("infer.py", "--ckpt", str(router_run / "checkpoints" / "last.ckpt"), "--parquet", test_parquet,
-               "--limit", "2", "--route", "answer", "--json").stdout
+    out = _run(
+        "infer.py",
+        "--ckpt",
+        str(router_run / "checkpoints" / "last.ckpt"),
+        "--parquet",
+        test_parquet,
+        "--limit",
+        "2",
+        "--route",
+        "answer",
+        "--json",
+    ).stdout
     items = [json.loads(line) for line in out.splitlines()]
     assert len(items) == 2
     expected_uids = pd.read_parquet(test_parquet)["extra_info"].map(lambda e: e["index"]).tolist()[:2]
@@ -63,11 +79,31 @@ def test_infer_parquet_json_with_forced_route(router_run, test_parquet):
 
 def test_evaluate_summary_and_rows(router_run, test_parquet, tmp_path):
     rows_file = tmp_path / "rows.csv"
-    proc = _run("evaluate.py", "--run", str(router_run), "--parquet", test_parquet, "--limit", "12",
-                "--out", str(rows_file), "--batch-size", "6")
+    proc = _run(
+        "evaluate.py",
+        "--run",
+        str(router_run),
+        "--parquet",
+        test_parquet,
+        "--limit",
+        "12",
+        "--out",
+        str(rows_file),
+        "--batch-size",
+        "6",
+    )
     summary = json.loads(proc.stdout)
-    for key in ("checkpoint", "n", "reward", "route_mix", "tool_call_rate", "mean_cost", "route_vs_weak_label",
-                "weak_label_counts", "skipped_rows"):
+    for key in (
+        "checkpoint",
+        "n",
+        "reward",
+        "route_mix",
+        "tool_call_rate",
+        "mean_cost",
+        "route_vs_weak_label",
+        "weak_label_counts",
+        "skipped_rows",
+    ):
         assert key in summary, key
     assert summary["n"] == 12 and summary["global_step"] == 6
     assert set(summary["reward"]) == {"total", "format", "correctness", "length"}
@@ -98,12 +134,16 @@ def test_load_router_policy_restores_checkpoint_weights(router_run):
 
     policy = load_router_policy(router_run, device="cpu")
     assert policy.module.reference is None and policy.has_router
-    state = torch.load(router_run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["state_dict"]
+    state = torch.load(router_run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)[
+        "state_dict"
+    ]
     mine = policy.module.state_dict()
     for key in ("router_head.mlp.4.weight", "actor.lm_head.weight", "lagrange_lambda"):
         assert torch.equal(mine[key], state[key]), key
-    messages = [{"role": "system", "content": build_system_prompt([TOOLS["calculator"], TOOLS["web_search"]])},
-                {"role": "user", "content": build_user_turn("Compute 3*7.")}]
+    messages = [
+        {"role": "system", "content": build_system_prompt([TOOLS["calculator"], TOOLS["web_search"]])},
+        {"role": "user", "content": build_user_turn("Compute 3*7.")},
+    ]
     route, probs = policy.route(messages)
     assert route in ROUTES and probs[["answer", "search", "calculate"].index(route)] == max(probs)
     result = policy.respond(messages, max_new_tokens=4, route="search")
@@ -114,14 +154,20 @@ def test_load_router_policy_restores_checkpoint_weights(router_run):
 def test_parse_tool_calls_names_parameters_and_unreadable_lines():
     from src.inference import parse_tool_calls
 
-    text = ('<think> a <tool_call> quoted </think>\n<tool_call>\n{"name": "calculator", "parameters": {"expression": "1+2"}}\n'
-            'not json\n</tool_call>\n<response> 3 </response>')
+    text = (
+        '<think> a <tool_call> quoted </think>\n<tool_call>\n{"name": "calculator", "parameters": {"expression": "1+2"}}\n'
+        "not json\n</tool_call>\n<response> 3 </response>"
+    )
     calls = parse_tool_calls(text, "xml")
     assert [(c.name, c.parameters) for c in calls] == [("calculator", {"expression": "1+2"}), (None, None)]
     assert calls[1].raw == "not json"
     assert parse_tool_calls("<think> x </think>\n<response> hi </response>") == []
-    harmony = ('<|start|>assistant to=functions.web_search<|channel|>commentary json<|message|>{"query":"oslo"}'
-               '<|call|>')
-    assert [(c.name, c.parameters) for c in parse_tool_calls(harmony, "harmony")] == [("web_search", {"query": "oslo"})]
+    harmony = (
+        '<|start|>assistant to=functions.web_search<|channel|>commentary json<|message|>{"query":"oslo"}'
+        "<|call|>"
+    )
+    assert [(c.name, c.parameters) for c in parse_tool_calls(harmony, "harmony")] == [
+        ("web_search", {"query": "oslo"})
+    ]
     with pytest.raises(ValueError, match="format"):
         parse_tool_calls(text, "yaml")

@@ -38,7 +38,12 @@ SCRIPT_MODULE = _load_script_module()
 def run_script(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.run(
-        [sys.executable, str(SCRIPT), *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
+        [sys.executable, str(SCRIPT), *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
@@ -139,7 +144,17 @@ def test_endpoint_answers_are_used(small_parquet, tmp_path):
     side = tmp_path / "side.json"
     with chat_server(lambda body: (200, "<think>hmm</think> Calculate.")) as (url, seen):
         summary = summary_of(
-            run_script(str(small_parquet), "--out", str(side), "--endpoint", url + "/v1", "--model", "tiny", "--timeout", "5")
+            run_script(
+                str(small_parquet),
+                "--out",
+                str(side),
+                "--endpoint",
+                url + "/v1",
+                "--model",
+                "tiny",
+                "--timeout",
+                "5",
+            )
         )
     sidecar = json.loads(side.read_text())
     assert sidecar and set(sidecar.values()) == {"calculate"}
@@ -170,7 +185,9 @@ def test_endpoint_unparseable_answers_fall_back(small_parquet, real_df, tmp_path
 
 def test_endpoint_down_and_bad_arguments(small_parquet, tmp_path, capsys):
     # nothing listens on port 9 of localhost: connection refused -> heuristic
-    summary = run_main(capsys, str(small_parquet), "--endpoint", "http://127.0.0.1:9", "--model", "m", "--timeout", "2")
+    summary = run_main(
+        capsys, str(small_parquet), "--endpoint", "http://127.0.0.1:9", "--model", "m", "--timeout", "2"
+    )
     assert summary["llm_errors"] == 3
     for args, message in [
         (["--endpoint", "http://127.0.0.1:9"], "--endpoint needs --model"),
@@ -185,7 +202,10 @@ def test_endpoint_down_and_bad_arguments(small_parquet, tmp_path, capsys):
 
 def test_malformed_rows_are_counted(real_df, tmp_path, capsys):
     df = real_df.head(3).copy()
-    df.at[1, "reward_model"] = {"ground_truth": '<think> t </think>\n<tool_call>\n{"name": \n</tool_call>', "style": "rule"}
+    df.at[1, "reward_model"] = {
+        "ground_truth": '<think> t </think>\n<tool_call>\n{"name": \n</tool_call>',
+        "style": "rule",
+    }
     path = tmp_path / "bad.parquet"
     df.to_parquet(path)
     out = tmp_path / "labels.csv"
