@@ -14,8 +14,13 @@ import torch
 from lightning.pytorch.loggers import TensorBoardLogger
 from omegaconf import DictConfig, OmegaConf
 
-from src.callbacks.checkpointing import (AtomicCheckpointIO, ManifestCheckpoint, ManifestOnExceptionCheckpoint,
-                                         ManifestWriter, latest_checkpoint)
+from src.callbacks.checkpointing import (
+    AtomicCheckpointIO,
+    ManifestCheckpoint,
+    ManifestOnExceptionCheckpoint,
+    ManifestWriter,
+    latest_checkpoint,
+)
 from src.callbacks.progress import StepProgressBar
 from src.models.config import AlgorithmConfig, OptimConfig, RouterHeadConfig
 from src.models.loading import LoraSettings, load_causal_lm, load_tokenizer, resolve_model_path
@@ -33,12 +38,20 @@ def _dataclass_from(cls, node) -> Any:
 
 # ---------------------------------------------------------------------------- model
 def model_dir(cfg: DictConfig) -> Path:
-    """The model to start from: the configured path, or its cached SFT warm start."""
+    """The model to start from: the configured path, or one of its cached warm starts
+    (``model.warm_start``: sft = RLLA ground truths, rlvcr_sft = scripted RLVCR step-format episodes)."""
     base = resolve_model_path(cfg.model.path, cfg.cache_dir, _dataclass_from(TinyModelSpec, cfg.model.tiny))
-    if cfg.model.get("warm_start") == "sft":
+    kind = cfg.model.get("warm_start")
+    if kind == "sft":
         from src.sft import ensure_sft_warm_start
 
         return ensure_sft_warm_start(cfg, base)
+    if kind == "rlvcr_sft":
+        from src.sft import ensure_episode_warm_start
+
+        return ensure_episode_warm_start(cfg, base)
+    if kind is not None:
+        raise ValueError(f"model.warm_start={kind!r}; expected null, 'sft' or 'rlvcr_sft'")
     return base
 
 
@@ -59,14 +72,25 @@ def build_datamodule(cfg: DictConfig, tokenizer):
     if cfg.data.kind == "seeds":  # multi-step episodes: records are env seeds, not prompts
         from src.datamodules.seeds import SeedDataModule
 
-        return SeedDataModule(n_seeds=cfg.data.n_seeds, batch_size=cfg.data.batch_size,
-                              seed=cfg.data.get("seed", cfg.seed), shuffle=cfg.data.get("shuffle", True))
+        return SeedDataModule(
+            n_seeds=cfg.data.n_seeds,
+            batch_size=cfg.data.batch_size,
+            seed=cfg.data.get("seed", cfg.seed),
+            shuffle=cfg.data.get("shuffle", True),
+        )
     from src.datamodules.rlla_datamodule import RLLADataModule
 
     train_files, val_files = data_files(cfg)
-    return RLLADataModule(train_files=train_files, val_files=val_files, tokenizer=tokenizer,
-                          max_prompt_length=cfg.data.max_prompt_length, batch_size=cfg.data.batch_size,
-                          val_batch_size=cfg.data.val_batch_size, shuffle=cfg.data.shuffle, seed=cfg.seed)
+    return RLLADataModule(
+        train_files=train_files,
+        val_files=val_files,
+        tokenizer=tokenizer,
+        max_prompt_length=cfg.data.max_prompt_length,
+        batch_size=cfg.data.batch_size,
+        val_batch_size=cfg.data.val_batch_size,
+        shuffle=cfg.data.shuffle,
+        seed=cfg.seed,
+    )
 
 
 # ---------------------------------------------------------------------------- rollout
@@ -85,24 +109,45 @@ def resume_command(cfg: DictConfig) -> str:
 def build_trainer(cfg: DictConfig, extra_callbacks: list[pl.Callback]) -> pl.Trainer:
     run_dir = Path(cfg.run_dir)
     ckpt_dir = run_dir / "checkpoints"
-    manifest = ManifestWriter(ckpt_dir, OmegaConf.to_container(cfg, resolve=True), resume_command(cfg),
-                              source_dir=Path(__file__).resolve().parent)
+    manifest = ManifestWriter(
+        ckpt_dir,
+        OmegaConf.to_container(cfg, resolve=True),
+        resume_command(cfg),
+        source_dir=Path(__file__).resolve().parent,
+    )
     callbacks = [
         StepProgressBar(),
         *extra_callbacks,
-        ManifestCheckpoint(manifest, dirpath=ckpt_dir, filename="step_{step:08d}", every_n_train_steps=cfg.trainer.save_freq,
-                           save_last=True, save_top_k=-1, auto_insert_metric_name=False),
+        ManifestCheckpoint(
+            manifest,
+            dirpath=ckpt_dir,
+            filename="step_{step:08d}",
+            every_n_train_steps=cfg.trainer.save_freq,
+            save_last=True,
+            save_top_k=-1,
+            auto_insert_metric_name=False,
+        ),
         ManifestOnExceptionCheckpoint(manifest, dirpath=ckpt_dir),
     ]
     t = cfg.trainer
     return pl.Trainer(
-        max_steps=t.max_steps, accelerator=t.accelerator, devices=t.devices, num_nodes=t.num_nodes,
-        strategy=strategy_from(t.strategy), precision=t.precision, log_every_n_steps=t.log_every_n_steps,
-        limit_val_batches=t.limit_val_batches, num_sanity_val_steps=0, callbacks=callbacks,
-        val_check_interval=t.val_check_interval, check_val_every_n_epoch=None if t.val_check_interval else 1,
+        max_steps=t.max_steps,
+        accelerator=t.accelerator,
+        devices=t.devices,
+        num_nodes=t.num_nodes,
+        strategy=strategy_from(t.strategy),
+        precision=t.precision,
+        log_every_n_steps=t.log_every_n_steps,
+        limit_val_batches=t.limit_val_batches,
+        num_sanity_val_steps=0,
+        callbacks=callbacks,
+        val_check_interval=t.val_check_interval,
+        check_val_every_n_epoch=None if t.val_check_interval else 1,
         logger=TensorBoardLogger(save_dir=str(run_dir), name="tensorboard", version=""),
         plugins=[AtomicCheckpointIO()] if not str(t.strategy).startswith(("deepspeed", "fsdp")) else None,
-        default_root_dir=str(run_dir), enable_model_summary=False, max_epochs=-1,
+        default_root_dir=str(run_dir),
+        enable_model_summary=False,
+        max_epochs=-1,
     )
 
 
@@ -150,22 +195,33 @@ def build_module(cfg: DictConfig, path: Path):
     algorithm = _dataclass_from(AlgorithmConfig, cfg.algorithm)
     optim = _dataclass_from(OptimConfig, cfg.algorithm.optim)
     router = _dataclass_from(RouterHeadConfig, cfg.router)
-    return ToolRouterModule(build_actor(cfg, path), algorithm, optim, router,
-                            reference_factory=lambda: load_causal_lm(path, cfg.model.dtype), seed=cfg.seed)
+    return ToolRouterModule(
+        build_actor(cfg, path),
+        algorithm,
+        optim,
+        router,
+        reference_factory=lambda: load_causal_lm(path, cfg.model.dtype),
+        seed=cfg.seed,
+    )
 
 
 def build_rl_callbacks(cfg: DictConfig, tokenizer, path: Path) -> list[pl.Callback]:
     from src.callbacks.lagrange_callback import LagrangeCallback
     from src.callbacks.rollout_logger import RolloutLogger
+    from src.rollout.factory import eval_sampling_from
     from src.rollout.rollout_callback import RolloutCallback
 
-    from src.rollout.factory import eval_sampling_from
-
     eval_sampling = None if cfg.env.enable else eval_sampling_from(cfg)
-    callbacks: list[pl.Callback] = [RolloutCallback(build_collector_factory(cfg, tokenizer, path), seed=cfg.seed,
-                                                    eval_sampling=eval_sampling),
-                                    RolloutLogger(Path(cfg.run_dir) / "rollouts")]
+    callbacks: list[pl.Callback] = [
+        RolloutCallback(
+            build_collector_factory(cfg, tokenizer, path), seed=cfg.seed, eval_sampling=eval_sampling
+        ),
+        RolloutLogger(Path(cfg.run_dir) / "rollouts"),
+    ]
     if cfg.router.enable:
-        callbacks.append(LagrangeCallback(cfg.router.budget, cfg.router.lambda_lr, cfg.router.lambda_every_k,
-                                          cfg.router.lambda_max))
+        callbacks.append(
+            LagrangeCallback(
+                cfg.router.budget, cfg.router.lambda_lr, cfg.router.lambda_every_k, cfg.router.lambda_max
+            )
+        )
     return callbacks

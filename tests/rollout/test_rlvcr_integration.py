@@ -429,7 +429,7 @@ def test_factory_wraps_the_episode_collector_for_rlvcr(tiny):
     assert isinstance(wrapped, RlvcrCollector) and wrapped.engine is engine
     assert "<level>k</level>" in wrapped.inner.templates.system
     s = wrapped.augmenter.settings
-    assert (s.qualify, s.score_malformed_steps, s.think_max_new_tokens) == ("group_mean", True, 16)
+    assert (s.qualify, s.score_malformed_steps, s.think_max_new_tokens) == ("group_mean", False, 16)
     inner = make_episode_collector(plain, tok, engine, Module())
     assert isinstance(inner, EpisodeCollector) and "<level>" not in inner.templates.system
     with pytest.raises(ValueError, match="step_format"):
