@@ -35,6 +35,21 @@ class Completions:
     response_mask: torch.Tensor
     log_probs: torch.Tensor
 
+    @classmethod
+    def from_token_lists(cls, seqs: list[list[int]], pad_id: int,
+                         log_probs: list[list[float]] | None = None) -> "Completions":
+        """Right-pad token lists (and their log-probs, 0 where absent) into a Completions."""
+        width = max([len(s) for s in seqs] + [1])
+        ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(seqs), width), dtype=torch.long)
+        logp = torch.zeros((len(seqs), width))
+        for i, s in enumerate(seqs):
+            ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
+            mask[i, : len(s)] = 1
+            if log_probs is not None and log_probs[i]:
+                logp[i, : len(log_probs[i])] = torch.tensor(log_probs[i])
+        return cls(ids, mask, logp)
+
     def token_lists(self) -> list[list[int]]:
         return [ids[m.bool()].tolist() for ids, m in zip(self.response_ids, self.response_mask)]
 

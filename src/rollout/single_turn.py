@@ -65,8 +65,9 @@ class SingleTurnCollector:
         self.drop_ids = {tokenizer.pad_token_id, tokenizer.eos_token_id, *sampling.stop_token_ids}
 
     def _encode(self, messages: list[dict]) -> list[int]:
-        out = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        return list(out["input_ids"] if isinstance(out, dict) or hasattr(out, "keys") else out)
+        from src.datamodules.rlla_datamodule import prompt_token_ids
+
+        return prompt_token_ids(self.tokenizer, messages)
 
     @torch.no_grad()
     def collect(

@@ -63,15 +63,7 @@ class VLLMEngine:
                     [next(iter(d.values())).logprob if d else 0.0 for d in (comp.logprobs or [])]
                     or [0.0] * len(comp.token_ids)
                 )
-        width = max((len(s) for s in seqs), default=0)
-        ids = torch.full((len(seqs), width), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(seqs), width), dtype=torch.long)
-        logp = torch.zeros((len(seqs), width))
-        for i, (s, lp) in enumerate(zip(seqs, lps)):
-            ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
-            mask[i, : len(s)] = 1
-            logp[i, : len(lp)] = torch.tensor(lp)
-        return Completions(ids, mask, logp)
+        return Completions.from_token_lists(seqs, self.pad_token_id, lps)
 
     def update_weights(self, state_dict: dict[str, torch.Tensor] | None = None) -> None:
         if state_dict is None:

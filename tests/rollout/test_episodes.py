@@ -18,13 +18,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _pad(outs: list[list[int]], pad_id: int) -> Completions:
-    width = max([len(o) for o in outs] + [1])
-    ids = torch.full((len(outs), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(outs), width), dtype=torch.long)
-    for i, o in enumerate(outs):
-        ids[i, : len(o)] = torch.tensor(o, dtype=torch.long)
-        mask[i, : len(o)] = 1
-    return Completions(ids, mask, torch.zeros(ids.shape))
+    return Completions.from_token_lists(outs, pad_id)
 
 
 class ScriptedEngine:
