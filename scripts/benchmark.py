@@ -40,23 +40,22 @@ def matmul_tflops(dtype: torch.dtype, device: str, n: int = 4096, iters: int = 2
     return 2 * n**3 * iters / (time.perf_counter() - t0) / 1e12
 
 
-def main(overrides: list[str]) -> dict:
-    from hydra import compose, initialize_config_dir
+def split_run_dir(overrides: list[str]) -> tuple[str, list[str]]:
+    """The user's ``run_dir=`` (the last one wins) or a fresh temp dir, and the other overrides."""
+    given = [o.split("=", 1)[1] for o in overrides if o.startswith("run_dir=")]
+    rest = [o for o in overrides if not o.startswith("run_dir=")]
+    return (given[-1] if given else tempfile.mkdtemp(prefix="toolrouter-bench-")), rest
 
-    from src.train import train
+
+def main(overrides: list[str]) -> dict:
+    from src.config.compose import compose_job
+    from src.jobs.train import train
 
     repo = Path(__file__).resolve().parents[1]
-    run_dir = tempfile.mkdtemp(prefix="toolrouter-bench-")
-    with initialize_config_dir(config_dir=str(repo / "configs"), version_base="1.3"):
-        cfg = compose(
-            "train",
-            overrides=[
-                f"run_dir={run_dir}",
-                f"cache_dir={repo / '.cache' / 'toolrouter'}",
-                "name=benchmark",
-                *overrides,
-            ],
-        )
+    run_dir, overrides = split_run_dir(overrides)
+    cfg = compose_job(
+        [f"cache_dir={repo / '.cache' / 'toolrouter'}", "name=benchmark", *overrides, f"run_dir={run_dir}"]
+    )
     device = (
         "cuda" if torch.cuda.is_available() and cfg.trainer.accelerator in ("gpu", "cuda", "auto") else "cpu"
     )
@@ -94,6 +93,9 @@ def main(overrides: list[str]) -> dict:
         "scoring_s": avg("timing/scoring_s"),
         "training_s": avg("timing/training_s"),
         "tokens_per_s": avg("train/tokens_per_sec"),
+        "generated_tokens_per_step": gen_tokens,
+        "generation_tokens_per_s": gen_tokens / avg("timing/generation_s"),
+        "run_dir": run_dir,
         "peak_mem_gib": (
             torch.cuda.max_memory_allocated()
             if device == "cuda"

@@ -8,6 +8,15 @@ router's agreement with each row's weak label (from its ground truth).
 The summary JSON (see ``src.analysis.evaluation_summary`` for its keys, plus checkpoint, parquet,
 skipped rows and settings) is printed to stdout; logs go to stderr. ``--out`` writes one row per
 prompt (.csv, .parquet or .jsonl).
+
+API-Bank levels 1-3 with ToolRL's metric (per-level table to stdout and --out-dir):
+
+    python scripts/evaluate.py --run <run> --api-bank ../shared/data/api_bank [--router off] [--engine vllm]
+    python scripts/evaluate.py --model /path/to/hf/model --api-bank ../shared/data/api_bank --limit 20
+
+Budget sweep frontier (route tables on held-out prompts, learned router vs baselines, per budget):
+
+    python scripts/evaluate.py --sweep outputs/router_sweep/<stamp> --out-dir outputs/router_sweep/<stamp>
 """
 
 from __future__ import annotations
@@ -30,13 +39,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--run", help="run directory (uses checkpoints/manifest.yaml's latest checkpoint)")
     src.add_argument("--ckpt", help="one checkpoint file (a manifest.yaml must sit beside it)")
-    p.add_argument("--parquet", required=True, help="RLLA-schema parquet to score")
+    src.add_argument("--model", help="a plain HF model directory (API-Bank only; no router)")
+    src.add_argument("--sweep", help="a budget sweep's directory: frontier table + figure per budget")
+    p.add_argument(
+        "--parquet",
+        help="RLLA-schema parquet to score (sweep: held-out prompts, default each run's val file)",
+    )
+    p.add_argument("--api-bank", help="API-Bank data directory (level-{1,2,3}-api_processed.json)")
+    p.add_argument("--levels", default="1,2,3", help="API-Bank levels (default 1,2,3)")
+    p.add_argument("--router", choices=["on", "off"], default="on", help="API-Bank with a run: route or not")
+    p.add_argument("--engine", choices=["hf", "vllm"], default="hf", help="API-Bank generation engine")
+    p.add_argument("--out-dir", help="API-Bank / sweep: where the tables (and the figure) go")
     p.add_argument("--limit", type=int, default=0, help="first N rows only (default 0 = all)")
     p.add_argument("--out", help=f"per-row results file ({', '.join(ROW_FORMATS)})")
     p.add_argument("--summary", help="also write the summary JSON here")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--max-new-tokens", type=int, help="default: the run's rollout.max_new_tokens")
+    p.add_argument("--max-new-tokens", type=int, help="default: the run's sampling.max_new_tokens")
     p.add_argument("--route", choices=["answer", "search", "calculate"], help="force one route for every row")
     p.add_argument("--sample-route", action="store_true", help="sample routes instead of the argmax")
     p.add_argument("--batch-size", type=int, default=16, help="prompts per generate call")
@@ -48,17 +67,44 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--out must end in one of {ROW_FORMATS}, got {args.out}")
     if args.batch_size <= 0 or args.limit < 0:
         p.error("--batch-size must be positive and --limit non-negative")
+    if args.model and not args.api_bank:
+        p.error("--model works with --api-bank only (a plain model has no router)")
+    if not (args.api_bank or args.sweep or args.parquet):
+        p.error("give --parquet (or --api-bank, or --sweep)")
     return args
 
 
-def evaluate_rows(policy, records, args, reward_config) -> list[dict]:
-    """One result row per record: route, probabilities, reward parts, tool use, cost, weak label."""
+def result_row(rec, res) -> dict:
+    """One output row: route, probabilities, weak label, reward parts, tool use, cost."""
+    parts, probs = res.reward, res.probs or [None, None, None]
+    return {
+        "uid": rec.uid,
+        "data_source": rec.data_source,
+        "route": res.route,
+        "p_answer": probs[0],
+        "p_search": probs[1],
+        "p_calculate": probs[2],
+        "weak_label": res.weak_label,
+        "reward_task": parts.total,
+        "reward_format": parts.format,
+        "reward_correctness": parts.correctness,
+        "reward_length": parts.length,
+        "used_tool": res.usage.used_any_tool,
+        "used_search": res.usage.used_search,
+        "used_calculate": res.usage.used_calculate,
+        "n_tool_calls": res.usage.n_calls,
+        "cost": res.cost,
+        "tool_names": json.dumps([c.name for c in res.tool_calls]),
+        "response_length": res.response_length,
+        "response": res.response,
+    }
+
+
+def evaluate_rows(policy, records, args) -> list[dict]:
+    """One result row per record; routing, generation and scoring are the collector's own
+    (``Policy.respond_batch`` with the rows' ground truths, reward settings from the run's config)."""
     import torch
 
-    from src.analysis import weak_labels_from_records
-    from src.rewards.dispatch import score
-
-    labels = weak_labels_from_records(records, policy.families)
     generator = torch.Generator().manual_seed(args.seed)
     rows = []
     for start in range(0, len(records), args.batch_size):
@@ -72,33 +118,9 @@ def evaluate_rows(policy, records, args, reward_config) -> list[dict]:
             routes=None if args.route is None else [args.route] * len(chunk),
             sample_route=args.sample_route,
             generator=generator,
+            ground_truths=[r.ground_truth for r in chunk],
         )
-        for rec, res in zip(chunk, results):
-            parts = score(rec.data_source, res.response, rec.ground_truth, step=0, config=reward_config)
-            probs = res.probs or [None, None, None]
-            rows.append(
-                {
-                    "uid": rec.uid,
-                    "data_source": rec.data_source,
-                    "route": res.route,
-                    "p_answer": probs[0],
-                    "p_search": probs[1],
-                    "p_calculate": probs[2],
-                    "weak_label": labels.get(rec.uid),
-                    "reward_task": parts.total,
-                    "reward_format": parts.format,
-                    "reward_correctness": parts.correctness,
-                    "reward_length": parts.length,
-                    "used_tool": res.usage.used_any_tool,
-                    "used_search": res.usage.used_search,
-                    "used_calculate": res.usage.used_calculate,
-                    "n_tool_calls": res.usage.n_calls,
-                    "cost": res.cost,
-                    "tool_names": json.dumps([c.name for c in res.tool_calls]),
-                    "response_length": res.response_length,
-                    "response": res.response,
-                }
-            )
+        rows += [result_row(rec, res) for rec, res in zip(chunk, results)]
         log.info("scored %d / %d rows", len(rows), len(records))
     return rows
 
@@ -114,17 +136,77 @@ def write_rows(frame, path: Path) -> None:
         frame.to_json(path, orient="records", lines=True)
 
 
+def main_api_bank(args: argparse.Namespace) -> int:
+    """API-Bank levels with ToolRL's metric: per-level table printed and written to --out-dir."""
+    from src.jobs.api_bank import (
+        evaluate_api_bank,
+        level_table,
+        load_api_bank,
+        make_model_generator,
+        make_run_generator,
+        markdown_table,
+        write_level_table,
+    )
+
+    levels = [int(x) for x in args.levels.split(",") if x.strip()]
+    items = load_api_bank(args.api_bank, levels, args.limit)
+    max_new = args.max_new_tokens or 256
+    if args.model:
+        generate = make_model_generator(args.model, args.engine, max_new, device=args.device or "cpu")
+    else:
+        generate = make_run_generator(
+            args.run or args.ckpt, args.router == "on", args.engine, max_new, args.device, args.dtype
+        )
+    rows = evaluate_api_bank(items, generate, args.batch_size)
+    table = level_table(rows)
+    if args.out_dir:
+        paths = write_level_table(table, rows, args.out_dir)
+        log.info("wrote %s", {k: str(v) for k, v in paths.items()})
+    print(markdown_table(table), flush=True)
+    return 0
+
+
+def main_sweep(args: argparse.Namespace) -> int:
+    """Frontier of a budget sweep: sweep_frontier.csv, route tables and frontier.png in --out-dir."""
+    import pandas as pd
+
+    from src.analysis import png_bytes
+    from src.frontier import frontier_points, plot_frontier
+    from src.jobs.api_bank import markdown_table
+    from src.jobs.route_eval import find_sweep_runs, sweep_route_tables
+
+    out = Path(args.out_dir or args.sweep)
+    out.mkdir(parents=True, exist_ok=True)
+    points = []
+    for item in sweep_route_tables(
+        find_sweep_runs(args.sweep), args.parquet, args.limit, args.device, args.max_new_tokens
+    ):
+        frontier = frontier_points(item["table"])
+        frontier.insert(0, "budget", item["budget"])
+        frontier["lambda"], frontier["run"] = item["lambda"], item["run"]
+        points.append(frontier)
+        item["table"].to_csv(out / f"route_table_B{item['budget']:g}.csv", index=False)
+    table = pd.concat(points, ignore_index=True).sort_values(["budget", "policy"])
+    table.to_csv(out / "sweep_frontier.csv", index=False)
+    (out / "frontier.png").write_bytes(png_bytes(plot_frontier(table)))
+    cols = ["budget", "policy", "reward", "reward_lo", "reward_hi", "cost", "learned_tool_rate"]
+    print(markdown_table(table[cols].round(3)), flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
+    if args.api_bank:
+        return main_api_bank(args)
+    if args.sweep:
+        return main_sweep(args)
     import pandas as pd
     import torch
-    from omegaconf import OmegaConf
 
     from src.analysis import evaluation_summary
     from src.datamodules.schema import read_rlla_parquet
-    from src.inference import load_router_policy
-    from src.rewards.types import RewardConfig
+    from src.jobs.inference import load_router_policy
 
     torch.manual_seed(args.seed)
     records, skipped = read_rlla_parquet(args.parquet)
@@ -135,9 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     policy = load_router_policy(
         args.run or args.ckpt, device=args.device, dtype=args.dtype, max_new_tokens=args.max_new_tokens
     )
-    reward_config = RewardConfig(**OmegaConf.to_container(policy.config.reward, resolve=True))
     t0 = time.perf_counter()
-    frame = pd.DataFrame(evaluate_rows(policy, records, args, reward_config))
+    frame = pd.DataFrame(evaluate_rows(policy, records, args))
     summary = {
         "checkpoint": str(policy.checkpoint),
         "global_step": policy.global_step,

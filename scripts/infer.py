@@ -48,7 +48,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--max-new-tokens", type=int, help="default: the run's rollout.max_new_tokens")
+    p.add_argument("--max-new-tokens", type=int, help="default: the run's sampling.max_new_tokens")
     p.add_argument(
         "--route", choices=["answer", "search", "calculate"], help="force a route instead of the router's"
     )
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import torch
 
-    from src.inference import load_router_policy
+    from src.jobs.inference import load_router_policy
 
     torch.manual_seed(args.seed)
     prompts = prompts_from(args)

@@ -31,6 +31,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--p-search", type=float, default=0.35)
     parser.add_argument("--p-calculate", type=float, default=0.35)
     parser.add_argument("--p-answer", type=float, default=0.3)
+    parser.add_argument(
+        "--low-gain", type=float, default=0.0, help="share of tool rows that are vague requests (tools pay little)"
+    )
     parser.add_argument("--data-source", default="rlla")
     parser.add_argument("--min-tools", type=int, default=2)
     parser.add_argument("--max-tools", type=int, default=3)
@@ -52,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
             min_tools=args.min_tools,
             max_tools=args.max_tools,
             max_params=args.max_params,
+            low_gain=args.low_gain,
         )
     except ValueError as err:
         log.error("%s", err)

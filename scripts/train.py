@@ -1,4 +1,7 @@
-"""Entry point: python scripts/train.py experiment=router_grpo [overrides...]"""
+"""Entry point: python scripts/train.py experiment=router_grpo [overrides...]
+
+A bad config exits non-zero before anything is built: unknown keys and wrong types when Hydra
+composes it (the schemas in src/config/), ranges and cross-group problems in ``validate``."""
 
 import logging
 import sys
@@ -9,11 +12,23 @@ from omegaconf import DictConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from src.train import train  # noqa: E402
+from src.config.errors import ConfigError  # noqa: E402
+from src.config.job import register_configs  # noqa: E402
+from src.config.validate import validate  # noqa: E402
+
+CONFIG_ERROR_EXIT = 2
+register_configs()
 
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="train")
 def main(cfg: DictConfig) -> None:
+    try:
+        validate(cfg)  # before the heavy imports: a bad config fails in a second or two
+    except ConfigError as err:
+        logging.getLogger("toolrouter").error("%s", err)
+        sys.exit(CONFIG_ERROR_EXIT)
+    from src.jobs.train import train
+
     metrics, _ = train(cfg)
     logging.getLogger("toolrouter").info(
         "final metrics: %s", {k: round(v, 4) for k, v in sorted(metrics.items())}

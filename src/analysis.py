@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import logging
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -22,16 +23,20 @@ __all__ = [
     "confusion_table",
     "default_run_dir",
     "evaluation_summary",
+    "last_steps_check",
     "load_manifest",
     "load_rollouts",
     "load_scalars",
     "plot_confusion",
+    "plot_confusion_grid",
     "plot_lambda_cost",
     "plot_reward_by_route",
+    "plot_route_accuracy",
     "plot_route_mix",
     "png_bytes",
     "reward_by_route",
     "route_accuracy",
+    "route_accuracy_by_step",
     "route_mix_by_step",
     "weak_labels_for_run",
     "weak_labels_from_records",
@@ -119,8 +124,10 @@ def load_scalars(run_dir: str | Path, sub: str = "tensorboard") -> pd.DataFrame:
 def weak_labels_from_records(records, families=None) -> dict[int, str]:
     """uid -> weak label ("ANSWER" | "SEARCH" | "CALCULATE" | "MIXED") of RLLA records
     (``src.datamodules.schema.RLLARecord``), from each ground truth's tool calls."""
+    from src.formats.tools_block import tool_descriptions
     from src.rewards.dispatch import response_format
-    from src.rewards.tool_families import ToolFamilies, tool_descriptions, weak_label
+    from src.router.families import ToolFamilies
+    from src.router.labels import weak_label
 
     families = families or ToolFamilies()
     return {
@@ -148,8 +155,8 @@ def weak_labels_for_run(manifest: Mapping[str, Any]) -> dict[int, str]:
         from omegaconf import OmegaConf
 
         from src.datamodules.schema import read_rlla_parquet
+        from src.jobs.build import data_files
         from src.rollout.factory import make_families
-        from src.train import data_files
 
         cfg = OmegaConf.create(dict(config))
         if cfg.data.get("kind") not in ("synthetic", "files"):
@@ -390,4 +397,89 @@ def plot_confusion(confusion: pd.DataFrame):
     acc = "n/a" if accuracy is None else f"{accuracy:.2f}"
     ax.set(xlabel="route taken", ylabel="weak label", title=f"Route vs weak label (acc {acc}, n={n})")
     fig.colorbar(image, ax=ax, shrink=0.8)
+    return fig
+
+
+# ---------------------------------------------------------------------------- the main job's check
+def route_accuracy_by_step(rollouts: pd.DataFrame) -> pd.DataFrame:
+    """Per step: route_acc_answer, route_acc_family (``src.rollout.metrics.route_accuracy``), cost."""
+    from src.rollout.metrics import route_accuracy as accuracy_pair
+
+    if rollouts.empty or not {"route", "weak_label"} <= set(rollouts.columns):
+        return pd.DataFrame(columns=["route_acc_answer", "route_acc_family", "cost"])
+    rows = {}
+    for step, part in rollouts.groupby("step"):
+        acc_answer, acc_family = accuracy_pair(part["weak_label"].tolist(), part["route"].tolist())
+        rows[step] = {  # a step with nothing to measure is a missing value (NaN) in the frame
+            "route_acc_answer": math.nan if acc_answer is None else acc_answer,
+            "route_acc_family": math.nan if acc_family is None else acc_family,
+            "cost": part["cost"].mean(),
+        }
+    return pd.DataFrame.from_dict(rows, orient="index").rename_axis("step")
+
+
+def last_steps_check(rollouts: pd.DataFrame, budget: float | None, n_steps: int = 50) -> dict[str, Any]:
+    """The main job's figures over its last ``n_steps`` steps, recomputed from the rollout log:
+    mean cost (and |cost − B|), route_acc_answer, route_acc_family (pooled over those rollouts),
+    and the format reward of the first vs the last ``n_steps`` steps."""
+    from src.rollout.metrics import route_accuracy as accuracy_pair
+
+    if rollouts.empty:
+        return {"n_steps": 0}
+    steps = sorted(rollouts["step"].unique())
+    last = rollouts[rollouts["step"].isin(steps[-n_steps:])]
+    first = rollouts[rollouts["step"].isin(steps[:n_steps])]
+    acc_answer, acc_family = accuracy_pair(last["weak_label"].tolist(), last["route"].tolist())
+    cost = float(last["cost"].mean())
+    return {
+        "n_steps": len(steps[-n_steps:]),
+        "cost_mean": cost,
+        "budget": budget,
+        "cost_minus_budget": None if budget is None else cost - float(budget),
+        "route_acc_answer": acc_answer,
+        "route_acc_family": acc_family,
+        "format_first": float(first["reward_format"].mean()),
+        "format_last": float(last["reward_format"].mean()),
+        "reward_task_first": float(first["reward_task"].mean()),
+        "reward_task_last": float(last["reward_task"].mean()),
+    }
+
+
+def plot_route_accuracy(by_step: pd.DataFrame, window: int = 10):
+    """route_acc_answer and route_acc_family per step (thin) and their rolling means (thick)."""
+    fig = _figure()
+    ax = fig.add_subplot()
+    if by_step.empty:
+        ax.text(
+            0.5, 0.5, "no routed rollouts with weak labels", ha="center", va="center", transform=ax.transAxes
+        )
+    for col, color in (("route_acc_answer", "tab:blue"), ("route_acc_family", "tab:orange")):
+        if col not in by_step.columns or by_step.empty:
+            continue
+        series = by_step[col].astype(float)
+        ax.plot(series.index.to_numpy(), series.to_numpy(), color=color, alpha=0.3, linewidth=0.8)
+        smooth = series.rolling(window, min_periods=1).mean()
+        ax.plot(smooth.index.to_numpy(), smooth.to_numpy(), color=color, linewidth=2, label=col)
+    ax.axhline(0.9, color="grey", linestyle=":", label="0.9")
+    ax.set_ylim(0, 1.02)
+    ax.set(xlabel="step", ylabel="share of rollouts", title="Does the route depend on the prompt?")
+    ax.legend(loc="lower right", fontsize="small")
+    _integer_steps(ax)
+    return fig
+
+
+def plot_confusion_grid(tables: Mapping[float, pd.DataFrame]):
+    """One weak label × learned route heatmap per budget (route tables of a sweep)."""
+    fig = _figure(3.0 * max(len(tables), 1), 3.2)
+    for k, (budget, table) in enumerate(sorted(tables.items())):
+        ax = fig.add_subplot(1, max(len(tables), 1), k + 1)
+        confusion = confusion_table(table, route_col="learned_route")
+        values = confusion.to_numpy()
+        ax.imshow(values, cmap="Blues")
+        for i in range(values.shape[0]):
+            for j in range(values.shape[1]):
+                ax.text(j, i, str(int(values[i, j])), ha="center", va="center", fontsize=8)
+        ax.set_xticks(range(values.shape[1]), [r[:4] for r in confusion.columns], fontsize=7)
+        ax.set_yticks(range(values.shape[0]), list(confusion.index) if k == 0 else [], fontsize=7)
+        ax.set_title(f"B = {budget:g}", fontsize=9)
     return fig

@@ -46,8 +46,8 @@ def tiny(tiny_model_dir):
 ROUTER_RUN_OVERRIDES = [
     "experiment=router_grpo",
     "sft.max_steps=2",
-    "data.batch_size=2",
-    "rollout.max_new_tokens=16",
+    "sampling.n_prompts=2",
+    "sampling.max_new_tokens=16",
     "router.lambda_lr=5.0",
     "trainer.save_freq=2",
 ]
@@ -61,7 +61,6 @@ def router_run_with_resume(tmp_path_factory):
     notebook tests so the session trains it once.
     """
     import torch
-
     from jobhelpers import run_train
 
     run_dir = tmp_path_factory.getbasetemp() / "shared_router_run"

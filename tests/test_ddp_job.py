@@ -4,9 +4,9 @@ follows the dual update on the global mean cost."""
 import pandas as pd
 import pytest
 import torch
-
 from jobhelpers import run_train
-from src.rewards.lagrange import lagrange_update
+
+from src.algorithms.lagrange import lagrange_update
 
 
 def test_router_ddp_two_processes_use_the_global_cost(tmp_path):
@@ -17,15 +17,16 @@ def test_router_ddp_two_processes_use_the_global_cost(tmp_path):
         "trainer.strategy=ddp",
         "trainer.devices=2",
         "trainer.max_steps=3",
-        "data.batch_size=2",
-        "rollout.max_new_tokens=16",
+        "sampling.n_prompts=4",  # over both ranks: 2 each
+        "sampling.max_new_tokens=16",
         "sft.max_steps=2",
         "router.budget=0.2",
         "router.lambda_lr=1.0",
+        "router.lambda_init=1.0",
     )
     rollouts = pd.concat([pd.read_parquet(p) for p in sorted((run_dir / "rollouts").glob("*.parquet"))])
     assert set(rollouts["rank"]) == {0, 1}
-    lam = 0.0
+    lam = 1.0  # router.lambda_init
     for _, step in rollouts.groupby("step"):
         assert len(step) == 2 * 2 * 4  # ranks x prompts x copies
         lam = lagrange_update(lam, float(step["cost"].mean()), 0.2, 1.0)

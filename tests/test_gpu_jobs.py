@@ -5,7 +5,6 @@ import importlib.util
 
 import pytest
 import torch
-
 from jobhelpers import run_train, scalars
 
 pytestmark = pytest.mark.gpu
@@ -14,8 +13,8 @@ GPU = [
     "trainer.accelerator=gpu",
     "trainer.devices=1",
     "trainer.precision=bf16-mixed",
-    "data.batch_size=2",
-    "rollout.max_new_tokens=16",
+    "sampling.n_prompts=2",
+    "sampling.max_new_tokens=16",
 ]
 
 

@@ -2,7 +2,6 @@
 
 import pandas as pd
 import torch
-
 from jobhelpers import run_train, scalars
 
 
@@ -16,8 +15,8 @@ def test_lora_with_ppo_minibatches_counts_one_global_step_per_rl_step(tmp_path):
         "algorithm.ppo_epochs=2",
         "algorithm.ppo_mini_batch_size=4",
         "algorithm.micro_batch_size=2",
-        "data.batch_size=2",
-        "rollout.max_new_tokens=8",
+        "sampling.n_prompts=2",
+        "sampling.max_new_tokens=8",
         "algorithm.kl_estimator=k1",
         "algorithm.loss_agg_mode=seq-mean-token-mean",
     )
@@ -37,9 +36,9 @@ def test_real_rlla_data_runs_as_is(tmp_path, shared_data):
         "data=rlla",
         f"run_dir={run_dir}",
         "trainer.max_steps=1",
-        "data.batch_size=1",
-        "rollout.n=2",
-        "rollout.max_new_tokens=8",
+        "sampling.n_prompts=1",
+        "sampling.n_generations_per_prompt=2",
+        "sampling.max_new_tokens=8",
         "data.max_prompt_length=1200",
     )
     rows = pd.read_parquet(run_dir / "rollouts" / "step_00000000.parquet")
@@ -53,8 +52,8 @@ def test_router_on_harmony_data(tmp_path):
         f"run_dir={run_dir}",
         "trainer.max_steps=1",
         "sft.max_steps=2",
-        "data.batch_size=2",
-        "rollout.max_new_tokens=8",
+        "sampling.n_prompts=2",
+        "sampling.max_new_tokens=8",
     )
     rows = pd.read_parquet(run_dir / "rollouts" / "step_00000000.parquet")
     assert set(rows["data_source"]) == {"rlla_gpt"}
@@ -70,9 +69,9 @@ def test_validation_logs_val_twins(tmp_path):
         "trainer.max_steps=2",
         "trainer.val_check_interval=2",
         "trainer.limit_val_batches=1",
-        "data.batch_size=2",
-        "data.val_batch_size=3",
-        "rollout.max_new_tokens=8",
+        "sampling.n_prompts=2",
+        "sampling.eval.n_prompts=3",
+        "sampling.max_new_tokens=8",
     )
     series = scalars(run_dir)
     for tag in ("val/reward_task_mean", "val/response_length_mean", "val/tool_call_rate"):
@@ -90,8 +89,8 @@ def test_router_sharing_the_actor_optimizer_trains_head_and_backbone(tmp_path):
         "router.detach_backbone=false",
         "router.sup_coef=0.1",
         "router.pooling=last",
-        "data.batch_size=2",
-        "rollout.max_new_tokens=8",
+        "sampling.n_prompts=2",
+        "sampling.max_new_tokens=8",
         "trainer.save_freq=1",
     )
     first = torch.load(run_dir / "checkpoints" / "step_00000001.ckpt", map_location="cpu", weights_only=False)

@@ -9,7 +9,44 @@ import pytest
 from jobhelpers import REPO
 
 NOTEBOOK = REPO / "notebooks" / "routing_analysis.ipynb"
-FIGURES = {"route_mix", "lambda_cost", "reward_by_route", "route_vs_weak_label"}
+FIGURES = {
+    "route_mix",
+    "lambda_cost",
+    "reward_by_route",
+    "route_vs_weak_label",
+    "route_accuracy",
+    "frontier",
+    "sweep_confusion",
+}
+
+
+def _fake_sweep(out, budgets=(0.2, 0.5), n=24, seed=0):
+    """An evaluated sweep as scripts/evaluate.py --sweep writes it, from random route tables."""
+    from src.frontier import frontier_points
+
+    rng = random.Random(seed)
+    points = []
+    for budget in budgets:
+        table = _random_route_table(rng, n)
+        table.to_csv(out / f"route_table_B{budget:g}.csv", index=False)
+        frontier = frontier_points(table, n_boot=50)
+        frontier.insert(0, "budget", budget)
+        points.append(frontier)
+    pd.concat(points).to_csv(out / "sweep_frontier.csv", index=False)
+    return out
+
+
+def _random_route_table(rng, n):
+    routes = ("answer", "search", "calculate")
+    return pd.DataFrame(
+        {
+            "uid": range(n),
+            "weak_label": [rng.choice(["ANSWER", "SEARCH", "CALCULATE"]) for _ in range(n)],
+            "learned_route": [rng.choice(routes) for _ in range(n)],
+            **{f"reward_{r}": [rng.uniform(-3, 4) for _ in range(n)] for r in routes},
+            **{f"cost_{r}": [float(r != "answer") for _ in range(n)] for r in routes},
+        }
+    )
 
 
 def test_notebook_runs_headless_and_draws_every_figure(router_run, tmp_path):
@@ -19,7 +56,10 @@ def test_notebook_runs_headless_and_draws_every_figure(router_run, tmp_path):
     nb = nbformat.read(NOTEBOOK, as_version=4)
     assert "RUN_DIR" in nb.cells[0].source and "parameters" in nb.cells[0].metadata.get("tags", [])
     figures = tmp_path / "figures"
-    nb.cells[0].source = f"RUN_DIR = {str(router_run)!r}\nSAVE_DIR = {str(figures)!r}"
+    sweep = _fake_sweep(tmp_path)
+    nb.cells[
+        0
+    ].source = f"RUN_DIR = {str(router_run)!r}\nSAVE_DIR = {str(figures)!r}\nSWEEP_DIR = {str(sweep)!r}"
     NotebookClient(
         nb, timeout=240, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOK.parent)}}
     ).execute()

@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-
 from jobhelpers import scalars
 
 ROUTER_TAGS = [

@@ -35,18 +35,20 @@ import pytest
 import torch
 from torch import nn
 
+from src.algorithms.advantages import group_ids, grpo_advantage
+from src.algorithms.lagrange import lagrange_update
+from src.algorithms.losses import router_loss
 from src.callbacks.lagrange_callback import LagrangeCallback
 from src.datamodules.synthetic import generate_rlla_rows, ground_truth_family
-from src.models.advantages import group_ids, grpo_advantage
-from src.models.losses import router_loss
+from src.formats.tools_block import tool_descriptions
 from src.models.module import ToolRouterModule
-from src.models.router_head import RouterHead
-from src.rewards.lagrange import lagrange_update
-from src.rewards.tool_cost import make_cost_fn
-from src.rewards.tool_families import ToolFamilies, tool_descriptions, weak_label
 from src.rollout.batch import RolloutBatch, RouterRollout
-from src.rollout.routes import Route, weak_label_index
-from src.rollout.scripted import ScriptedResponder, route_table
+from src.router.cost import make_cost_fn
+from src.router.families import ToolFamilies
+from src.router.head import RouterHead
+from src.router.labels import weak_label
+from src.router.routes import Route, weak_label_index
+from src.router.scripted import ScriptedResponder, route_table
 
 HIDDEN, SEQ_LEN, N_JUNK = 16, 6, 32
 KIND_NAMES = ("search/high", "calculate/high", "search/low", "calculate/low", "answer")
@@ -146,16 +148,23 @@ class RouterHost:
 
     router_logits = ToolRouterModule.router_logits
     _router_loss = ToolRouterModule._router_loss
+    _router_entropy_coef = ToolRouterModule._router_entropy_coef
+    global_step = 0
 
     def __init__(self, actor: nn.Module, head: RouterHead, entropy_coef: float = 0.0):
         self.actor, self.router_head = actor, head
         self.device = torch.device("cpu")
         self.algo = SimpleNamespace(adv_eps=1e-6, norm_adv_by_std=True)
         self.router_cfg = SimpleNamespace(
-            entropy_coef=entropy_coef, sup_coef=0.0, detach_backbone=True, norm_adv_by_std=True
+            entropy_coef=entropy_coef,
+            entropy_coef_final=None,
+            entropy_decay_steps=0,
+            sup_coef=0.0,
+            detach_backbone=True,
+            norm_adv_by_std=True,
+            adv_estimator="grpo",
         )
         self.lagrange_lambda = torch.tensor(0.0)
-        self.last_rollout = None
         self.logged: list[dict] = []
 
     def log_dict(self, metrics, **_):
@@ -228,8 +237,7 @@ def train(
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        host.last_rollout = rb
-        callback.on_train_batch_end(SINGLE_DEVICE, host, None, None, step)
+        callback.on_train_batch_end(SINGLE_DEVICE, host, {"rollout": rb}, None, step)
         lambdas.append(float(host.lagrange_lambda))
         costs.append(float(rb.router.cost.mean()))
     with torch.no_grad():
@@ -368,7 +376,6 @@ def test_module_router_loss_is_grpo_advantage_then_router_loss(world):
 class _FakeModule:
     def __init__(self):
         self.lagrange_lambda = torch.tensor(0.0)
-        self.last_rollout = None
         self.device = torch.device("cpu")
 
     def log_dict(self, *_, **__):
@@ -382,8 +389,8 @@ def _feed(
     out = []
     for step, cost in enumerate(costs, start=start):
         router = SimpleNamespace(cost=cost)
-        module.last_rollout = SimpleNamespace(router=router, rewards=torch.ones_like(cost))
-        callback.on_train_batch_end(SINGLE_DEVICE, module, None, None, step)
+        rollout = SimpleNamespace(router=router, rewards=torch.ones_like(cost))
+        callback.on_train_batch_end(SINGLE_DEVICE, module, {"rollout": rollout}, None, step)
         out.append(float(module.lagrange_lambda))
     return out
 

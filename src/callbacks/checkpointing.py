@@ -1,12 +1,22 @@
-"""Checkpoints that survive crashes: atomic writes, a save on exception / Ctrl-C, and a
-``manifest.yaml`` beside them that says how to resume."""
+"""Checkpoints that resume exactly: atomic writes, a save at the step boundary on SIGINT / SIGTERM,
+and a ``manifest.yaml`` beside them that says how to resume.
+
+Every checkpoint is taken at the end of a step (``on_train_batch_end``), never in the middle of
+one: a mid-step state (an optimizer step taken, λ not yet updated, a batch half consumed) cannot
+be resumed exactly. So an exception writes nothing (the last periodic checkpoint stays the
+resume point), and a signal lets the running step finish, saves, and stops the run; the job
+then exits with 128 + the signal number (130 for SIGINT, 143 for SIGTERM), never 0, so a
+scheduler can tell pre-emption from completion and requeue the resume command.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
 import subprocess
 import tempfile
+import threading
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
@@ -14,7 +24,7 @@ from typing import Any
 
 import yaml
 from lightning.fabric.utilities.cloud_io import get_filesystem
-from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
+from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 log = logging.getLogger(__name__)
@@ -80,8 +90,10 @@ class ManifestWriter:
         self.config = config or {}
         self.resume_command = resume_command
         self.commit = git_commit(source_dir)
+        self.saved_step: int | None = None  # global step of the last checkpoint written through this
 
     def write(self, trainer, ckpt_path: str | os.PathLike, reason: str) -> None:
+        self.saved_step = int(trainer.global_step)
         if not trainer.is_global_zero:
             return
         module = trainer.lightning_module
@@ -104,7 +116,13 @@ class ManifestWriter:
 
 
 class ManifestCheckpoint(ModelCheckpoint):
-    """Lightning's ModelCheckpoint, plus the manifest after each save."""
+    """Lightning's ModelCheckpoint, plus the manifest after each save, saving at step ends only.
+
+    Every ``every_n_train_steps`` steps and at the last step (``max_steps``), in
+    ``on_train_batch_end``. Lightning's other save points (epoch end, validation end, train end)
+    are off: their states come after the step's end hooks (an epoch counted as finished, a
+    stopped loop) and would not resume exactly.
+    """
 
     def __init__(self, manifest: ManifestWriter, **kwargs):
         super().__init__(**kwargs)
@@ -114,18 +132,98 @@ class ManifestCheckpoint(ModelCheckpoint):
         super()._save_checkpoint(trainer, filepath)
         self.manifest.write(trainer, filepath, reason="periodic")
 
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        last_step = 0 < trainer.max_steps <= trainer.global_step
+        if last_step and self._last_global_step_saved != trainer.global_step:
+            candidates = self._monitor_candidates(trainer)
+            self._save_topk_checkpoint(trainer, candidates)
+            self._save_last_checkpoint(trainer, candidates)
 
-class ManifestOnExceptionCheckpoint(OnExceptionCheckpoint):
-    """Lightning's save-on-exception (Ctrl-C included), plus the manifest."""
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        return
 
-    def __init__(self, manifest: ManifestWriter, dirpath, filename: str = "on_exception"):
-        super().__init__(dirpath=dirpath, filename=filename)
+    def on_validation_end(self, trainer, pl_module) -> None:
+        return
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        return
+
+
+class Preempted(SystemExit):
+    """The run stopped on a signal after saving a resumable checkpoint; exit code 128 + signal."""
+
+    def __init__(self, signum: int):
+        super().__init__(128 + int(signum))
+        self.signum = int(signum)
+
+
+class InterruptCheckpoint(Checkpoint):
+    """SIGINT / SIGTERM: finish the running step, save ``<dirpath>/<filename>.ckpt`` at its end
+    (unless the periodic checkpoint just did), point the manifest at it and stop the trainer.
+
+    ``stopped_by`` is then the signal number (the job exits 128 + it). A second SIGINT stops at
+    once without saving (Lightning's KeyboardInterrupt path; the last checkpoint stays valid).
+    Exceptions write nothing: see the module docstring. Being a ``Checkpoint``, Lightning runs it
+    after every other callback's ``on_train_batch_end`` (λ update, rollout log, periodic save).
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self, manifest: ManifestWriter, dirpath, filename: str = "interrupted"):
         self.manifest = manifest
+        self.ckpt_path = Path(dirpath) / f"{filename}.ckpt"
+        self.stopped_by: int | None = None
+        self._received: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def _on_signal(self, signum: int, frame) -> None:
+        if self._received is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # asked twice: stop now, resume from the last checkpoint
+        self._received = signum
+        log.warning(
+            "%s received: finishing this step, then saving a checkpoint and stopping (Ctrl-C again: stop now)",
+            signal.Signals(signum).name,
+        )
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        # installed after Lightning's own SIGTERM handler (registered just before the loop) so
+        # that the stop happens here, at the step boundary, on every rank at the same step
+        if threading.current_thread() is not threading.main_thread():
+            return  # signals reach the main thread only; Lightning's handlers stay in charge
+        for sig in self.SIGNALS:
+            self._previous[sig] = signal.getsignal(sig)
+            signal.signal(sig, self._on_signal)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if not trainer.strategy.reduce_boolean_decision(self._received is not None, all=False):
+            return
+        self.stopped_by = self._received or signal.SIGTERM  # other ranks: the signal went to rank 0
+        if self.manifest.saved_step != trainer.global_step:
+            trainer.save_checkpoint(self.ckpt_path)
+            self.manifest.write(
+                trainer, self.ckpt_path, reason=f"signal:{signal.Signals(self.stopped_by).name}"
+            )
+        log.warning("stopped after step %d; resume: %s", trainer.global_step, self.manifest.resume_command)
+        trainer.should_stop = True
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
-        log.warning("%s during training: saving %s", type(exception).__name__, self.ckpt_path)
-        super().on_exception(trainer, pl_module, exception)
-        self.manifest.write(trainer, self.ckpt_path, reason=f"exception:{type(exception).__name__}")
+        log.error(
+            "%s at global step %d: no checkpoint written (a mid-step state cannot be resumed exactly); "
+            "resuming continues from the last checkpoint (step %s)",
+            type(exception).__name__,
+            trainer.global_step,
+            self.manifest.saved_step,
+        )
+
+    def teardown(self, trainer, pl_module, stage: str) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}
+
+
+# the name build_trainer uses; the behaviour is InterruptCheckpoint's
+ManifestOnExceptionCheckpoint = InterruptCheckpoint
 
 
 def latest_checkpoint(checkpoint_dir: str | os.PathLike) -> Path | None:

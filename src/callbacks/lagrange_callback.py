@@ -8,7 +8,8 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-from src.rewards.lagrange import lagrange_update
+from src.algorithms.lagrange import lagrange_update
+from src.callbacks.rollout_logger import step_rollout
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +30,7 @@ class LagrangeCallback(pl.Callback):
         self.steps = 0
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        rb = getattr(pl_module, "last_rollout", None)
+        rb = step_rollout(outputs)
         if rb is None or rb.router is None:
             return
         self.cost_sum += float(rb.router.cost.sum())

@@ -1,8 +1,15 @@
-"""Writes one parquet of rollouts per step: <run dir>/rollouts/step_XXXXXXXX.parquet."""
+"""Writes one parquet of rollouts per step: <run dir>/rollouts/step_XXXXXXXX.parquet.
+
+The rollouts come from ``training_step``'s outputs (``outputs["rollout"]``).
+Files are written atomically and never overwritten: a resumed run first removes the files of
+the steps it will run again (``src.callbacks.run_logs.truncate_rollouts``), so finding one here
+means two runs share a run directory, and the earlier run's rows are kept.
+"""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -15,7 +22,7 @@ class RolloutLogger(pl.Callback):
         self.every = max(int(every_n_steps), 1)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        rb = getattr(pl_module, "last_rollout", None)
+        rb = step_rollout(outputs)
         if rb is None or not rb.rows:
             return
         step = int(rb.rows[0]["step"])
@@ -32,6 +39,16 @@ class RolloutLogger(pl.Callback):
             return
         self.out_dir.mkdir(parents=True, exist_ok=True)
         path = self.out_dir / f"step_{step:08d}.parquet"
+        if path.exists():
+            raise FileExistsError(
+                f"{path} already exists: another run wrote this step into the same run_dir "
+                "(resume with resume=true, which continues after the checkpoint, or use a new run_dir)"
+            )
         tmp = path.with_suffix(".parquet.tmp")
         pd.DataFrame(rows).to_parquet(tmp, index=False)
         os.replace(tmp, path)
+
+
+def step_rollout(outputs):
+    """The RolloutBatch a training step returned (``{"loss", "rollout"}``), or None."""
+    return outputs.get("rollout") if isinstance(outputs, Mapping) else None

@@ -35,7 +35,7 @@ from typing import Any
 
 import pandas as pd
 
-from src.rewards.harmony_parse import block_tool_call, parse_harmony
+from src.formats.harmony import block_tool_call, parse_harmony
 
 __all__ = [
     "GPT_OSS_DATA_SOURCE",

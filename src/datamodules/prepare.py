@@ -1,42 +1,36 @@
-"""Resolve the configured data into parquet files: generate synthetic data or convert to harmony, cached."""
+"""Build the configured datamodule (the ``_target_`` of the ``data`` group) and resolve its parquet
+files: generate synthetic data or convert to harmony, cached under ``cache_dir``."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
-from omegaconf import DictConfig
+from src.config.checks import file_list
 
 log = logging.getLogger(__name__)
 
 
-def _synthetic_files(cfg: DictConfig) -> tuple[list[str], list[str]]:
+def _synthetic_files(synthetic: Mapping[str, Any], cache_dir: str) -> tuple[list[str], list[str]]:
     from src.datamodules.synthetic import GENERATOR_VERSION, write_synthetic_rlla
 
-    s = cfg.data.synthetic
-    out = (
-        Path(cfg.cache_dir)
-        / "data"
-        / (
-            f"synthetic-v{GENERATOR_VERSION}-n{s.n_train}-{s.n_test}-s{s.seed}-p{s.p_search}-{s.p_calculate}-{s.p_answer}"
-        )
+    s = dict(synthetic)
+    name = (
+        f"synthetic-v{GENERATOR_VERSION}-n{s['n_train']}-{s['n_test']}-s{s['seed']}"
+        f"-p{s['p_search']}-{s['p_calculate']}-{s['p_answer']}"
     )
+    low_gain = float(s.get("low_gain", 0.0))
+    out = Path(cache_dir) / "data" / (name + (f"-g{low_gain}" if low_gain else ""))
     train, test = out / "train.parquet", out / "test.parquet"
     if not (train.exists() and test.exists()):
-        write_synthetic_rlla(
-            out,
-            n_train=s.n_train,
-            n_test=s.n_test,
-            seed=s.seed,
-            p_search=s.p_search,
-            p_calculate=s.p_calculate,
-            p_answer=s.p_answer,
-        )
+        write_synthetic_rlla(out, **s)
     return [str(train)], [str(test)]
 
 
-def _to_harmony(cfg: DictConfig, files: list[str]) -> list[str]:
-    """Convert XML RLLA parquet files to harmony copies under the cache (once)."""
+def _to_harmony(files: list[str], cache_dir: str) -> list[str]:
+    """Convert XML RLLA parquet files to harmony copies under the cache (once, written atomically)."""
     import pandas as pd
 
     from src.datamodules.gpt_oss import convert_frame
@@ -45,7 +39,7 @@ def _to_harmony(cfg: DictConfig, files: list[str]) -> list[str]:
     for f in files:
         src = Path(f)
         target = (
-            Path(cfg.cache_dir)
+            Path(cache_dir)
             / "data"
             / "harmony"
             / f"{src.parent.name}-{src.stem}-{int(src.stat().st_mtime)}.parquet"
@@ -61,20 +55,81 @@ def _to_harmony(cfg: DictConfig, files: list[str]) -> list[str]:
     return out
 
 
-def prepare_data_files(cfg: DictConfig) -> tuple[list[str], list[str]]:
-    d = cfg.data
-    if d.kind == "synthetic":
-        train, val = _synthetic_files(cfg)
-        train, val = (list(d.train_files) or train), (list(d.val_files) or val)
-    elif d.kind == "files":
-        train, val = list(d.train_files), list(d.val_files)
+def resolve_files(
+    kind: str, train_files: Any, val_files: Any, format: str, synthetic: Mapping[str, Any], cache_dir: str
+) -> tuple[list[str], list[str]]:
+    """Train/val parquet files; a single path string is one file. Missing files are named."""
+    train, val = file_list(train_files), file_list(val_files)
+    if kind == "synthetic":
+        gen_train, gen_val = _synthetic_files(synthetic, cache_dir)
+        train, val = (train or gen_train), (val or gen_val)
+    elif kind == "files":
         missing = [f for f in train + val if not Path(f).exists()]
         if missing:
             raise FileNotFoundError(
                 f"data files not found: {missing} (set data.train_files / data.val_files)"
             )
     else:
-        raise ValueError(f"data.kind={d.kind!r}; expected 'synthetic' or 'files'")
-    if d.get("format", "xml") == "harmony":
-        train, val = _to_harmony(cfg, train), _to_harmony(cfg, val)
+        raise ValueError(f"data.kind={kind!r}; expected 'synthetic' or 'files'")
+    if format == "harmony":
+        train, val = _to_harmony(train, cache_dir), _to_harmony(val, cache_dir)
     return train, val
+
+
+def prepare_data_files(cfg) -> tuple[list[str], list[str]]:
+    """``resolve_files`` for a whole job config (also a run manifest's plain config)."""
+    d = cfg.data
+    synthetic = d.get("synthetic") or {}
+    return resolve_files(d.kind, d.train_files, d.val_files, d.get("format", "xml"), synthetic, cfg.cache_dir)
+
+
+def rlla_datamodule(
+    *,
+    kind: str,
+    train_files: Any,
+    val_files: Any,
+    format: str,
+    max_prompt_length: int,
+    shuffle: bool,
+    synthetic: Mapping[str, Any],
+    tokenizer: Any,
+    batch_size: int,
+    val_batch_size: int,
+    job_seed: int,
+    cache_dir: str,
+):
+    """RLLA-schema prompts (``data=rlla | rlla_gpt | synthetic``); ``batch_size`` prompts per rank."""
+    from src.datamodules.rlla_datamodule import RLLADataModule
+
+    train, val = resolve_files(kind, train_files, val_files, format, synthetic, cache_dir)
+    return RLLADataModule(
+        train_files=train,
+        val_files=val,
+        tokenizer=tokenizer,
+        max_prompt_length=max_prompt_length,
+        batch_size=batch_size,
+        val_batch_size=val_batch_size,
+        shuffle=shuffle,
+        seed=job_seed,
+    )
+
+
+def seeds_datamodule(
+    *,
+    kind: str,
+    n_seeds: int,
+    seed: int | None,
+    shuffle: bool,
+    tokenizer: Any,
+    batch_size: int,
+    val_batch_size: int,
+    job_seed: int,
+    cache_dir: str,
+):
+    """Environment seeds (``data=seeds``): ``batch_size`` seeds per rank; ``seed`` null = the job's."""
+    from src.datamodules.seeds import SeedDataModule
+
+    del kind, tokenizer, val_batch_size, cache_dir  # seeds are drawn, not read or tokenised
+    return SeedDataModule(
+        n_seeds=n_seeds, batch_size=batch_size, seed=job_seed if seed is None else seed, shuffle=shuffle
+    )

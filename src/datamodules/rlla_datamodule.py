@@ -10,17 +10,23 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import lightning as L
-import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset
 
+from src.datamodules.position import DataPosition, EpochSeededSampler, train_position
 from src.datamodules.schema import RLLARecord, read_rlla_parquet
 
-__all__ = ["EpochSeededSampler", "RLLADataModule", "RLLADataset", "list_collate", "prompt_token_ids"]
+__all__ = [
+    "EpochSeededSampler",
+    "RLLADataModule",
+    "RLLADataset",
+    "list_collate",
+    "prompt_token_ids",
+]
 
 log = logging.getLogger(__name__)
 
@@ -60,28 +66,6 @@ class RLLADataset(Dataset):
         }
 
 
-class EpochSeededSampler(Sampler[int]):
-    """Permutation of range(n) drawn from (seed, epoch): reproducible order, new each epoch.
-
-    Lightning calls ``set_epoch`` before each epoch; the datamodule checkpoints (seed, epoch).
-    """
-
-    def __init__(self, n: int, seed: int, shuffle: bool = True):
-        self.n, self.seed, self.shuffle, self.epoch = n, seed, shuffle, 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __iter__(self) -> Iterator[int]:
-        if not self.shuffle:
-            return iter(range(self.n))
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-        return iter(torch.randperm(self.n, generator=g).tolist())
-
-    def __len__(self) -> int:
-        return self.n
-
-
 class RLLADataModule(L.LightningDataModule):
     """Reads, validates, length-filters and serves RLLA prompts.
 
@@ -90,7 +74,8 @@ class RLLADataModule(L.LightningDataModule):
         tokenizer: HF tokenizer with a chat template (used to measure prompt length).
         max_prompt_length: prompts with more tokens are dropped (``filter_overlong``) or kept and counted.
         batch_size / val_batch_size: prompts per batch (val defaults to batch_size).
-        shuffle, seed: training order is a permutation seeded by (seed, epoch).
+        shuffle, seed: training order is a permutation seeded by (seed, epoch); the position in it
+            is checkpointed (``state_dict``), so a resumed run continues mid-epoch exactly.
         drop_last: drop the last partial training batch.
     """
 
@@ -126,7 +111,7 @@ class RLLADataModule(L.LightningDataModule):
         self.train_dataset: RLLADataset | None = None
         self.val_dataset: RLLADataset | None = None
         self.stats: dict[str, dict[str, Any]] = {}
-        self._epoch = 0
+        self._restored: DataPosition | None = None
         self._train_sampler: EpochSeededSampler | None = None
 
     # ------------------------------------------------------------------ loading
@@ -187,7 +172,9 @@ class RLLADataModule(L.LightningDataModule):
                 f"no training rows left from {self.train_files} (stats: {self.stats.get('train')})"
             )
         self._train_sampler = EpochSeededSampler(len(self.train_dataset), self.seed, self.shuffle)
-        self._train_sampler.set_epoch(self._epoch)
+        if self._restored is not None:
+            self._train_sampler.set_epoch(self._restored.epoch)
+            self._train_sampler.resume_at(self._restored.epoch, self._restored.position)
         return DataLoader(
             self.train_dataset,
             batch_size=self.batch_size,
@@ -212,16 +199,17 @@ class RLLADataModule(L.LightningDataModule):
 
     # ------------------------------------------------------------------ position
     def state_dict(self) -> dict[str, int]:
-        """Seed and epoch of the training order (resuming restarts the current epoch's permutation)."""
-        epoch = self._train_sampler.epoch if self._train_sampler is not None else self._epoch
-        return {"seed": self.seed, "epoch": epoch}
+        """Seed, epoch and records consumed in that epoch (``position``): a resume continues
+        the epoch's permutation exactly where the checkpointed step left it."""
+        return train_position(self._train_sampler, self._restored, self.seed, self.batch_size, self.trainer)
 
     def load_state_dict(self, state_dict: dict[str, int]) -> None:
-        self.seed = int(state_dict["seed"])
-        self._epoch = int(state_dict["epoch"])
+        self._restored = DataPosition.from_state_dict(state_dict, "RLLADataModule")
+        self.seed = self._restored.seed
         if self._train_sampler is not None:
             self._train_sampler.seed = self.seed
-            self._train_sampler.set_epoch(self._epoch)
+            self._train_sampler.set_epoch(self._restored.epoch)
+            self._train_sampler.resume_at(self._restored.epoch, self._restored.position)
 
 
 def _to_record(row: RLLARecord, prompt_ids: list[int]) -> dict[str, Any]:

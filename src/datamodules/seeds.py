@@ -8,7 +8,8 @@ from typing import Any
 import lightning as L
 from torch.utils.data import DataLoader, Dataset
 
-from src.datamodules.rlla_datamodule import EpochSeededSampler, list_collate
+from src.datamodules.position import DataPosition, EpochSeededSampler, train_position
+from src.datamodules.rlla_datamodule import list_collate
 
 # Env seeds are drawn below 2**31 so any backend (numpy, gymnasium) accepts them.
 _SEED_RANGE = 2**31 - 1
@@ -37,7 +38,7 @@ class SeedDataModule(L.LightningDataModule):
     """Train batches are lists of ``batch_size`` ``{"uid": int, "seed": int}`` records.
 
     The seeds and the order (a permutation per epoch) are deterministic given ``seed``; the
-    position (seed, epoch) is checkpointed like ``RLLADataModule``'s.
+    position (seed, epoch, records consumed) is checkpointed like ``RLLADataModule``'s.
     """
 
     def __init__(self, n_seeds: int, batch_size: int, seed: int = 0, shuffle: bool = True):
@@ -46,12 +47,14 @@ class SeedDataModule(L.LightningDataModule):
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.n_seeds, self.batch_size, self.seed, self.shuffle = n_seeds, batch_size, seed, shuffle
         self.train_dataset = SeedDataset(seed_records(n_seeds, seed))
-        self._epoch = 0
+        self._restored: DataPosition | None = None
         self._sampler: EpochSeededSampler | None = None
 
     def train_dataloader(self) -> DataLoader:
         self._sampler = EpochSeededSampler(len(self.train_dataset), self.seed, self.shuffle)
-        self._sampler.set_epoch(self._epoch)
+        if self._restored is not None:
+            self._sampler.set_epoch(self._restored.epoch)
+            self._sampler.resume_at(self._restored.epoch, self._restored.position)
         return DataLoader(
             self.train_dataset, batch_size=self.batch_size, sampler=self._sampler, collate_fn=list_collate
         )
@@ -60,12 +63,13 @@ class SeedDataModule(L.LightningDataModule):
         return []  # episodes have no held-out split yet
 
     def state_dict(self) -> dict[str, Any]:
-        epoch = self._sampler.epoch if self._sampler is not None else self._epoch
-        return {"seed": self.seed, "epoch": epoch}
+        return train_position(self._sampler, self._restored, self.seed, self.batch_size, self.trainer)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.seed, self._epoch = int(state_dict["seed"]), int(state_dict["epoch"])
+        self._restored = DataPosition.from_state_dict(state_dict, "SeedDataModule")
+        self.seed = self._restored.seed
         self.train_dataset = SeedDataset(seed_records(self.n_seeds, self.seed))
         if self._sampler is not None:
             self._sampler.seed = self.seed
-            self._sampler.set_epoch(self._epoch)
+            self._sampler.set_epoch(self._restored.epoch)
+            self._sampler.resume_at(self._restored.epoch, self._restored.position)

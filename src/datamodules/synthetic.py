@@ -5,7 +5,13 @@ catalogue (search-, calculate- and other-family) in the RLLA system-prompt layou
     search      e.g. "weather in Oslo"        -> one call of a search tool, query copied from the request
     calculate   e.g. "convert 5 km to miles"  -> one call of a calculate tool, numbers copied
     answer      greeting / chit-chat / simple fact -> <response> only, no tool
-in the configured proportions. Output parquet has exactly the schema of ToolRL's rlla_4k files
+in the configured proportions. With ``low_gain`` > 0 that share of the search and calculate rows
+are *vague* requests ("How is the weather?", "Help me with a percentage."): the ground truth calls
+the right tool, but its argument values are not in the request, so a model can get the tool and
+its keys right and the values only by luck. A tool pays a lot on an exact request, a little on a
+vague one and nothing on a no-tool request: the setting in which a budgeted router must choose.
+Every row lists at least one search and one calculate tool, so routing to the wrong family (with
+``prompt_mode: only_family``) leaves only wrong tools in view. Output parquet has exactly the schema of ToolRL's rlla_4k files
 (see ``schema.RLLA_ARROW_SCHEMA``); the family of a row is recoverable from its ground truth
 (``ground_truth_family``), so no extra columns are needed.
 
@@ -36,6 +42,7 @@ __all__ = [
     "build_user_turn",
     "generate_rlla_rows",
     "ground_truth_family",
+    "is_vague_request",
     "write_synthetic_rlla",
 ]
 
@@ -44,7 +51,7 @@ TASK_KINDS = ("search", "calculate", "answer")
 
 
 # Bump when the generated text changes: cache keys (tiny tokenizer, cached data) include it.
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -342,6 +349,21 @@ _REQUESTS: dict[str, _Request] = {
     "loan_payment": _calc_loan,
 }
 
+# Vague requests: the right tool is clear, its argument values are not in the text (the ground
+# truth's values come from the tool's request maker above, so a model can only guess them).
+_VAGUE: dict[str, list[str]] = {
+    "web_search": ["Search the web for something fun.", "Find me something interesting online."],
+    "news_lookup": ["Any news today?", "What is in the news?"],
+    "weather_lookup": ["How is the weather?", "Will it rain later?"],
+    "stock_quote": ["How are my stocks doing?", "Check a share price for me."],
+    "wiki_lookup": ["Look up a random article.", "Tell me about some topic from the encyclopedia."],
+    "calculator": ["Do some arithmetic for me.", "Compute a sum for me."],
+    "unit_converter": ["Convert a measurement for me.", "Help me convert some units."],
+    "currency_converter": ["Convert some money for me.", "What is my cash worth abroad?"],
+    "percentage": ["Help me with a percentage.", "Work out a percent for me."],
+    "loan_payment": ["What would my loan payment be?", "Estimate a mortgage payment for me."],
+}
+
 # (user text, direct response) pairs that need no tool
 _ANSWERS = [
     ("Hi there!", "Hello! How can I help you today?"),
@@ -366,10 +388,11 @@ _ANSWERS = [
     ("I'm bored.", "How about reading a book, going for a walk, or learning something new?"),
 ]
 
+# Short reasoning keeps generations short (the tiny model samples every token on CPU).
 _THINK = {
-    "search": "The user needs current information, so I will call {tool} with the request's details.",
-    "calculate": "This needs a calculation, so I will call {tool} with the numbers from the request.",
-    "answer": "No tool is needed here; I can answer directly.",
+    "search": "A lookup: {tool}.",
+    "calculate": "A calculation: {tool}.",
+    "answer": "No tool needed.",
 }
 
 
@@ -390,15 +413,17 @@ def _pick_tools(
 ) -> list[ToolSpec]:
     """min..max tools in random order, at most ``max_params`` parameters in all (prompt length).
 
-    A target tool is joined by at least one tool of another family, so the family must be read
-    from the request, not from which tools happen to be listed.
+    Every row lists a search and a calculate tool (the target, if any, being one of them), so the
+    family must be read from the request, not from which tools happen to be listed, and a route
+    that lists only one family's tools leaves a misrouted prompt with wrong tools only.
     """
     k = rng.randint(min_tools, max_tools)
-    if target is None:
-        tools = [rng.choice(_TOOL_LIST)]
-    else:
-        cross = [t for t in _TOOL_LIST if t.family != target.family and _n_params(target, t) <= max_params]
-        tools = [target, rng.choice(cross)]
+    first = target or rng.choice([t for t in _TOOL_LIST if t.family in TASK_KINDS])
+    other = "calculate" if first.family == "search" else "search"
+    tools = [
+        first,
+        rng.choice([t for t in _TOOL_LIST if t.family == other and _n_params(first, t) <= max_params]),
+    ]
     while len(tools) < k:
         used = {t.name for t in tools}
         fits = [t for t in _TOOL_LIST if t.name not in used and _n_params(*tools, t) <= max_params]
@@ -422,6 +447,7 @@ def _make_row(
     min_tools: int,
     max_tools: int,
     max_params: int,
+    vague: bool = False,
 ) -> dict:
     if kind == "answer":
         tools = _pick_tools(rng, None, min_tools, max_tools, max_params)
@@ -431,6 +457,8 @@ def _make_row(
         target = TOOLS[rng.choice([n for n, t in TOOLS.items() if t.family == kind and n in _REQUESTS])]
         tools = _pick_tools(rng, target, min_tools, max_tools, max_params)
         text, params = _REQUESTS[target.name](rng)
+        if vague:
+            text = rng.choice(_VAGUE[target.name])
         ground_truth = _tool_ground_truth(_THINK[kind].format(tool=target.name), target.name, params)
     system, user = build_system_prompt(tools), build_user_turn(text)
     return {
@@ -460,12 +488,16 @@ def generate_rlla_rows(
     min_tools: int = 2,
     max_tools: int = 3,
     max_params: int = 5,
+    low_gain: float = 0.0,
 ) -> pd.DataFrame:
     """``n`` synthetic RLLA rows, deterministic in ``seed``.
 
     Family counts are exactly proportional to (p_search, p_calculate, p_answer) (largest
-    remainder), in shuffled order. ``extra_info.index`` runs ``start_index .. start_index+n-1``.
+    remainder), in shuffled order; ``low_gain`` of each tool family's rows are vague requests
+    (see the module doc). ``extra_info.index`` runs ``start_index .. start_index+n-1``.
     """
+    if not 0.0 <= low_gain <= 1.0:
+        raise ValueError(f"low_gain must be in [0, 1], got {low_gain}")
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
     if not 2 <= min_tools <= max_tools <= len(_TOOL_LIST):
@@ -476,11 +508,14 @@ def generate_rlla_rows(
         raise ValueError(f"max_params must be >= {_MIN_PARAM_BUDGET} (largest tool + a 1-parameter tool)")
     rng = random.Random(seed)
     counts = _family_counts(n, (p_search, p_calculate, p_answer))
-    kinds = [k for k, c in zip(TASK_KINDS, counts) for _ in range(c)]
+    kinds = []
+    for kind, count in zip(TASK_KINDS, counts):
+        n_vague = 0 if kind == "answer" else _family_counts(count, (1.0 - low_gain, low_gain))[1]
+        kinds += [(kind, i < n_vague) for i in range(count)]
     rng.shuffle(kinds)
     rows = [
-        _make_row(rng, kind, start_index + i, split, data_source, min_tools, max_tools, max_params)
-        for i, kind in enumerate(kinds)
+        _make_row(rng, kind, start_index + i, split, data_source, min_tools, max_tools, max_params, vague)
+        for i, (kind, vague) in enumerate(kinds)
     ]
     return pd.DataFrame(rows, columns=list(RLLA_ARROW_SCHEMA.names))
 
@@ -505,6 +540,7 @@ def write_synthetic_rlla(
     min_tools: int = 2,
     max_tools: int = 3,
     max_params: int = 5,
+    low_gain: float = 0.0,
 ) -> dict[str, Path]:
     """Write ``train.parquet`` and ``test.parquet`` under ``out_dir``; returns {"train": path, "test": path}.
 
@@ -519,6 +555,7 @@ def write_synthetic_rlla(
         min_tools=min_tools,
         max_tools=max_tools,
         max_params=max_params,
+        low_gain=low_gain,
     )
     train = generate_rlla_rows(n_train, seed, split="train", start_index=0, **common)
     test = generate_rlla_rows(n_test, seed + 1, split="test", start_index=n_train, **common)
@@ -527,6 +564,11 @@ def write_synthetic_rlla(
         "train": write_rlla_parquet(train, out / "train.parquet"),
         "test": write_rlla_parquet(test, out / "test.parquet"),
     }
+
+
+def is_vague_request(user_turn: str) -> bool:
+    """Whether a user message (``build_user_turn`` text) is one of the vague, low-gain requests."""
+    return any(f"<user> {text} </user>" in user_turn for texts in _VAGUE.values() for text in texts)
 
 
 def ground_truth_family(ground_truth: str) -> str:

@@ -1,37 +1,53 @@
 """The LightningModule: the actor LM plus an optional router head, trained with manual optimisation.
 
-``training_step`` consumes the :class:`RolloutBatch` that the rollout callback attached as
-``self.rollout_batch`` and runs: old/reference log-probs, advantages (registry), the router
-loss, then PPO epochs × minibatches of the clipped policy loss with KL and entropy terms.
-All math lives in ``advantages.py`` / ``losses.py``.
+``training_step`` reads the :class:`RolloutBatch` that the rollout callback attached to its
+``PromptBatch`` and runs: old/reference log-probs (only the passes whose result is not already
+known), advantages and the policy loss of the configured loss module, the router loss, then PPO
+epochs × minibatches. It returns ``{"loss", "rollout"}`` for the callbacks. All math lives in
+``src.algorithms``; this file only orchestrates.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import time
-from typing import Callable
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import lightning.pytorch as pl
 import torch
 
-from src.models.advantages import get_advantage, group_ids
-from src.models.config import AlgorithmConfig, OptimConfig, RouterHeadConfig
+from src.algorithms.aggregation import aggregate
+from src.algorithms.loss_module import advantage_fn, build_loss_module
+from src.algorithms.losses import KL_ESTIMATORS, router_loss, token_log_probs_and_entropy
+from src.algorithms.schedules import linear_decay
+from src.config.schema import AlgorithmConfig, OptimConfig, RouterHeadConfig
 from src.models.loading import decoder_of
-from src.models.losses import (
-    KL_ESTIMATORS,
-    POLICY_LOSSES,
-    aggregate,
-    router_loss,
-    token_log_probs_and_entropy,
-)
-from src.models.router_head import RouterHead, RouterOutput
-from src.rollout.batch import RolloutBatch
-from src.rollout.metrics import rollout_metrics
+from src.rollout.batch import PromptBatch, RolloutBatch
+from src.rollout.metrics import non_finite, rollout_metrics
+from src.router.head import RouterHead, RouterOutput
 
 log = logging.getLogger(__name__)
+
+# Estimators computed on the rollout side: they reach the module as RolloutBatch.token_advantages.
+ROLLOUT_SIDE_ESTIMATORS = ("rlvcr",)
+
+
+@dataclass
+class LossInputs:
+    """What every minibatch of a step shares, on the module's device.
+
+    advantages, mask: [N, T]; temperatures: [N]; old_log_probs / ref_log_probs: [N, T] or None
+    (old None: one epoch over one minibatch, the old policy is the current one, so the detached
+    new log-probs serve; ref None: KL off).
+    """
+
+    advantages: torch.Tensor
+    mask: torch.Tensor
+    temperatures: torch.Tensor
+    old_log_probs: torch.Tensor | None
+    ref_log_probs: torch.Tensor | None
 
 
 def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -76,8 +92,15 @@ class ToolRouterModule(pl.LightningModule):
         self.algo = algorithm
         self.optim_cfg = optim
         self.router_cfg = router
+        self.loss_module = build_loss_module(algorithm)
+        # rows without their own temperature were sampled at the rollout's (builder fills it in)
+        self.default_temperature = float(algorithm.temperature) if algorithm.temperature is not None else 1.0
         hidden = actor.config.hidden_size
-        self.router_head = RouterHead(hidden, router.mlp_hidden, router.pooling) if router.enable else None
+        self.router_head = (
+            RouterHead(hidden, router.mlp_hidden, router.pooling, tail_tokens=router.tail_tokens)
+            if router.enable
+            else None
+        )
         # λ lives in the module so it is checkpointed with the weights and identical on every rank.
         self.register_buffer("lagrange_lambda", torch.tensor(float(router.lambda_init)))
         self.automatic_optimization = False
@@ -85,7 +108,6 @@ class ToolRouterModule(pl.LightningModule):
         # The reference is the fixed initial policy: kept in a list so it is not a submodule
         # (not in checkpoints, not trained, not moved by the strategy).
         self._reference_holder: list[torch.nn.Module] = []
-        self.rollout_batch: RolloutBatch | None = None
         self.seed = seed
 
     # ------------------------------------------------------------------ forward API
@@ -124,12 +146,21 @@ class ToolRouterModule(pl.LightningModule):
 
     # ------------------------------------------------------------------ setup
     def setup(self, stage: str) -> None:
-        if self.algo.use_kl_loss and not is_peft(self.actor) and not self._reference_holder:
+        if self.kl_on and not is_peft(self.actor) and not self._reference_holder:
             if self._reference_factory is None:
                 raise ValueError("algorithm.use_kl_loss needs a reference model factory")
             ref = self._reference_factory()
             ref.eval().requires_grad_(False)
             self._reference_holder.append(ref)
+
+    @property
+    def kl_on(self) -> bool:
+        """The reference model and its pass exist only when the KL term counts."""
+        return bool(self.algo.use_kl_loss) and self.algo.kl_coef > 0
+
+    def on_after_batch_transfer(self, batch, dataloader_idx: int):
+        """Dataloaders yield record lists; the step's rollouts travel attached to a PromptBatch."""
+        return batch if isinstance(batch, PromptBatch) else PromptBatch(records=list(batch))
 
     @property
     def reference(self) -> torch.nn.Module | None:
@@ -157,113 +188,190 @@ class ToolRouterModule(pl.LightningModule):
             optimizers.append(torch.optim.AdamW(router_params, lr=self.router_cfg.lr, weight_decay=0.0))
         return optimizers, [sched]
 
-    # ------------------------------------------------------------------ helpers
-    def _token_stats(self, model, ids, mask, width: int, entropy: bool = False):
-        """log-probs (and entropy) of the last ``width`` tokens of each sequence. -> [n, width]."""
+    # ------------------------------------------------------------------ log-probs
+    def _token_stats(self, model, ids, mask, width: int, temperatures, entropy: bool = False):
+        """log-probs (and entropy) at the sampling temperature of the last ``width`` tokens. -> [n, width]."""
         out = model(
             input_ids=ids, attention_mask=mask, position_ids=position_ids(mask), logits_to_keep=width + 1
         )
-        logp, ent = token_log_probs_and_entropy(out.logits[:, :-1], ids[:, -width:])
+        logp, ent = token_log_probs_and_entropy(out.logits[:, :-1], ids[:, -width:], temperatures)
         return logp, (ent if entropy else None)
 
+    def _row_temperatures(self, rb: RolloutBatch) -> torch.Tensor:
+        """[N] sampling temperature of each row. Greedy rows (T <= 0) are scored at T = 1."""
+        if rb.temperatures is None:
+            temps = torch.full((len(rb),), self.default_temperature)
+        else:
+            temps = rb.temperatures.float()
+        return torch.where(temps > 0, temps, torch.ones_like(temps)).to(self.device)
+
     @torch.no_grad()
-    def _frozen_log_probs(self, rb: RolloutBatch, which: str) -> torch.Tensor:
+    def _frozen_log_probs(self, rb: RolloutBatch, which: str, temps: torch.Tensor) -> torch.Tensor:
+        """No-grad log-probs [N, T] of the current actor (``old``) or the reference (``ref``)."""
         width, out = rb.response_mask.shape[1], []
         for idx in torch.arange(len(rb)).split(self.algo.micro_batch_size):
             ids, mask = rb.input_ids[idx].to(self.device), rb.attention_mask[idx].to(self.device)
             if which == "old":
-                out.append(self._token_stats(self.actor, ids, mask, width)[0])
+                out.append(self._token_stats(self.actor, ids, mask, width, temps[idx])[0])
             elif self.reference is not None:
-                out.append(self._token_stats(self.reference, ids, mask, width)[0])
+                out.append(self._token_stats(self.reference, ids, mask, width, temps[idx])[0])
             else:  # LoRA: the reference is the base model with adapters disabled
                 with self.actor.disable_adapter():
-                    out.append(self._token_stats(self.actor, ids, mask, width)[0])
+                    out.append(self._token_stats(self.actor, ids, mask, width, temps[idx])[0])
         return torch.cat(out)
 
+    def _old_log_probs(self, rb: RolloutBatch, n_minibatches: int, temps: torch.Tensor):
+        """Old log-probs [N, T], or None when one update uses them (ratio 1: no pass needed)."""
+        if n_minibatches == 1:
+            return None
+        if self.algo.old_log_prob_source == "rollout":
+            return rb.rollout_log_probs.float().to(self.device)
+        return self._frozen_log_probs(rb, "old", temps)
+
+    # ------------------------------------------------------------------ advantages
     def _advantages(self, rb: RolloutBatch) -> torch.Tensor:
         """[N, T] advantages on response tokens (0 elsewhere)."""
         mask = rb.response_mask.float()
-        if rb.token_advantages is not None:
+        if rb.token_advantages is not None:  # rollout-side (RLVCR): composes with any loss module
             return rb.token_advantages.float() * mask
-        if self.algo.adv_estimator != "grpo":
+        if self.algo.adv_estimator in ROLLOUT_SIDE_ESTIMATORS:
             raise ValueError(
-                f"adv_estimator={self.algo.adv_estimator!r} needs token advantages from the rollout"
+                f"algorithm.adv_estimator={self.algo.adv_estimator!r} needs token advantages from the rollout"
             )
-        adv = get_advantage("grpo")(
-            rb.rewards, group_ids(rb.uids), eps=self.algo.adv_eps, norm_by_std=self.algo.norm_adv_by_std
-        )
+        adv = self.loss_module.advantages(rb.rewards, rb.uids)
         return adv[:, None] * mask
+
+    def _loss_inputs(self, rb: RolloutBatch, n_minibatches: int) -> LossInputs:
+        temps = self._row_temperatures(rb)
+        return LossInputs(
+            advantages=self._advantages(rb).to(self.device),
+            mask=rb.response_mask.float().to(self.device),
+            temperatures=temps,
+            old_log_probs=self._old_log_probs(rb, n_minibatches, temps),
+            ref_log_probs=self._frozen_log_probs(rb, "ref", temps) if self.kl_on else None,
+        )
 
     def _optimizers(self):
         opts = self.optimizers()
         opts = opts if isinstance(opts, list) else [opts]
         return opts[0], (opts[1] if len(opts) > 1 else None)
 
-    # ------------------------------------------------------------------ training
-    def training_step(self, batch, batch_idx: int):
-        rb, self.rollout_batch = self.rollout_batch, None
-        if rb is None:
-            raise RuntimeError("no rollout batch: the RolloutCallback must run before training_step")
-        t0 = time.perf_counter()
-        algo = self.algo
-        old_logp = self._frozen_log_probs(rb, "old")
-        ref_logp = self._frozen_log_probs(rb, "ref") if algo.use_kl_loss else None
-        advantages = self._advantages(rb)
-        actor_opt, router_opt = self._optimizers()
-
-        metrics: dict[str, float] = {}
-        router_loss_value = None
-        if self.router_head is not None and rb.router is not None:
-            router_loss_value, router_parts = self._router_loss(rb)
-            metrics.update(
-                {
-                    "train/router_loss": float(router_loss_value),
-                    "train/router_entropy": float(router_parts["entropy"]),
-                    "train/router_pg": float(router_parts["pg"]),
-                    "train/router_ce": float(router_parts["ce"]),
-                }
-            )
-            if router_opt is not None:
-                router_opt.zero_grad()
-                self.manual_backward(router_loss_value)
-                self.clip_gradients(
-                    router_opt, gradient_clip_val=algo.grad_clip, gradient_clip_algorithm="norm"
-                )
-                with uncounted_step(router_opt):
-                    router_opt.step()
-                router_loss_value = None
-            actor_opt.zero_grad()  # drop backbone grads of a head-only router update
-
-        n = len(rb)
-        mini = algo.ppo_mini_batch_size or n
+    def _minibatches(self, n: int) -> list[torch.Tensor]:
+        """Row indices of each optimizer step: ``ppo_epochs`` shuffles split into minibatches."""
+        mini = self.algo.ppo_mini_batch_size or n
         generator = torch.Generator().manual_seed(self.seed + self.global_step)
-        chunks = [
-            c for _ in range(algo.ppo_epochs) for c in torch.randperm(n, generator=generator).split(mini)
+        return [
+            c for _ in range(self.algo.ppo_epochs) for c in torch.randperm(n, generator=generator).split(mini)
         ]
+
+    # ------------------------------------------------------------------ training
+    def training_step(self, batch: PromptBatch, batch_idx: int):
+        rb = _attached_rollout(batch)
+        t0 = time.perf_counter()
+        chunks = self._minibatches(len(rb))
+        inputs = self._loss_inputs(rb, len(chunks))
+        router_loss_value, metrics = self._router_update(rb)
+        metrics.update(self._actor_updates(rb, inputs, chunks, router_loss_value))
+        self.lr_schedulers().step()
+        self._log_step(rb, metrics, time.perf_counter() - t0)
+        return {"loss": torch.tensor(metrics.get("train/pg_loss", 0.0)), "rollout": rb}
+
+    def validation_step(self, batch: PromptBatch, batch_idx: int):
+        """Logs the ``val/`` twins of the rollout scalars (rollouts from the RolloutCallback)."""
+        rb = _attached_rollout(batch)
+        metrics = rollout_metrics(rb, prefix="val")
+        self._warn_non_finite(metrics)
+        self.log_dict(metrics, on_step=False, on_epoch=True, logger=True, batch_size=len(rb))
+        return {"rollout": rb}
+
+    def _router_update(self, rb: RolloutBatch):
+        """Router loss; stepped here with its own optimizer, else returned to ride the actor's backward."""
+        if self.router_head is None or rb.router is None:
+            return None, {}
+        actor_opt, router_opt = self._optimizers()
+        loss, parts = self._router_loss(rb)
+        metrics = {f"train/router_{k}": float(v) for k, v in parts.items()}
+        metrics["train/router_loss"] = float(loss)
+        metrics["train/router_entropy_coef"] = self._router_entropy_coef()
+        if router_opt is not None:
+            router_opt.zero_grad()
+            self.manual_backward(loss)
+            self.clip_gradients(
+                router_opt, gradient_clip_val=self.algo.grad_clip, gradient_clip_algorithm="norm"
+            )
+            with uncounted_step(router_opt):
+                router_opt.step()
+            loss = None
+        actor_opt.zero_grad()  # drop backbone grads of a head-only router update
+        return loss, metrics
+
+    def _actor_updates(self, rb, inputs: LossInputs, chunks, router_loss_value) -> dict[str, float]:
+        """One optimizer step per minibatch; only the last advances ``global_step``. Mean metrics."""
+        actor_opt, _ = self._optimizers()
         sums: dict[str, float] = {}
         for i, chunk in enumerate(chunks):
             actor_opt.zero_grad()
             # a shared-optimizer router loss rides on the first minibatch's backward
-            parts = self._actor_update(
-                rb, chunk, old_logp, ref_logp, advantages, router_loss_value if i == 0 else None
+            parts = self._minibatch_backward(rb, chunk, inputs, router_loss_value if i == 0 else None)
+            self.clip_gradients(
+                actor_opt, gradient_clip_val=self.algo.grad_clip, gradient_clip_algorithm="norm"
             )
-            self.clip_gradients(actor_opt, gradient_clip_val=algo.grad_clip, gradient_clip_algorithm="norm")
-            if i < len(chunks) - 1:
-                with uncounted_step(actor_opt):
-                    actor_opt.step()
-            else:
+            step_ctx = uncounted_step(actor_opt) if i < len(chunks) - 1 else contextlib.nullcontext()
+            with step_ctx:
                 actor_opt.step()
             for k, v in parts.items():
                 sums[k] = sums.get(k, 0.0) + v / len(chunks)
-        self.lr_schedulers().step()
+        return sums
 
-        t_train = time.perf_counter() - t0
-        t_total = (
-            t_train + rb.metrics.get("timing/generation_s", 0.0) + rb.metrics.get("timing/scoring_s", 0.0)
-        )
-        metrics.update(sums)
-        metrics.update(rollout_metrics(rb))
-        metrics.update({k: v for k, v in rb.metrics.items()})
+    def _minibatch_backward(self, rb, chunk, inputs: LossInputs, extra_loss) -> dict[str, float]:
+        """Backward one minibatch in micro-batches whose losses add up to the minibatch's loss.
+
+        The aggregation normaliser (token or non-empty-row count) is taken over the whole
+        minibatch and shared, so the accumulated gradient equals the one-batch gradient.
+        """
+        mask = inputs.mask[chunk]
+        norm = self.loss_module.normaliser(mask)
+        token_norm = mask.sum().clamp(min=1)
+        stats: dict[str, float] = {}
+        for micro in chunk.split(self.algo.micro_batch_size):
+            loss, parts = self._micro_loss(rb, micro, inputs, norm, token_norm)
+            if extra_loss is not None:
+                loss, extra_loss = loss + extra_loss, None
+            self.manual_backward(loss)
+            for k, v in parts.items():
+                stats[k] = stats.get(k, 0.0) + float(v)
+        return stats
+
+    def _micro_loss(self, rb, micro, inputs: LossInputs, norm, token_norm):
+        """(loss of one micro-batch, its detached metric shares)."""
+        algo, lm, width = self.algo, self.loss_module, rb.response_mask.shape[1]
+        ids, attn = rb.input_ids[micro].to(self.device), rb.attention_mask[micro].to(self.device)
+        mask = inputs.mask[micro]
+        logp, ent = self._token_stats(self.actor, ids, attn, width, inputs.temperatures[micro], entropy=True)
+        old = logp.detach() if inputs.old_log_probs is None else inputs.old_log_probs[micro]
+        out = lm.policy_loss(logp, old, inputs.advantages[micro], mask)
+        pg = lm.aggregate(out.loss, mask, norm)
+        entropy = lm.aggregate(ent, mask, norm)
+        loss = pg - algo.entropy_coeff * entropy
+        parts = {
+            "train/pg_loss": pg.detach(),
+            "train/entropy": entropy.detach(),
+            "train/pg_clipfrac": aggregate(out.clipped, mask, "token-mean", token_norm),
+            "train/ratio_mean": aggregate(out.ratio, mask, "token-mean", token_norm),
+        }
+        if inputs.ref_log_probs is not None:
+            kl = lm.aggregate(
+                KL_ESTIMATORS.get(algo.kl_estimator)(logp, inputs.ref_log_probs[micro]), mask, norm
+            )
+            loss = loss + algo.kl_coef * kl
+            parts["train/kl"] = kl.detach()
+        return loss, parts
+
+    def _log_step(self, rb: RolloutBatch, metrics: dict[str, float], t_train: float) -> None:
+        actor_opt, _ = self._optimizers()
+        gen = rb.metrics.get("timing/generation_s", 0.0) + rb.metrics.get("timing/scoring_s", 0.0)
+        t_total = t_train + gen
+        metrics = {**metrics, **rollout_metrics(rb), **rb.metrics}
         metrics.update(
             {
                 "timing/training_s": t_train,
@@ -273,81 +381,36 @@ class ToolRouterModule(pl.LightningModule):
                 "train/lambda": float(self.lagrange_lambda),
             }
         )
-        metrics = {k: v for k, v in metrics.items() if not (isinstance(v, float) and math.isnan(v))}
+        self._warn_non_finite(metrics)
+        n = len(rb)
         self.log_dict(metrics, on_step=True, logger=True, batch_size=n)
-        self.log_dict(
-            {"reward": metrics.get("train/reward_task_mean", 0.0), "kl": metrics.get("train/kl", 0.0)},
-            prog_bar=True,
-            logger=False,
-            batch_size=n,
-        )
-        self.last_rollout = rb
+        bar = {"reward": metrics.get("train/reward_task_mean", 0.0), "kl": metrics.get("train/kl", 0.0)}
+        self.log_dict(bar, prog_bar=True, logger=False, batch_size=n)
 
-    def validation_step(self, batch, batch_idx: int):
-        """Logs the ``val/`` twins of the rollout scalars (rollouts from the RolloutCallback)."""
-        rb, self.rollout_batch = self.rollout_batch, None
-        metrics = {k: v for k, v in rollout_metrics(rb, prefix="val").items() if not math.isnan(v)}
-        self.log_dict(metrics, on_step=False, on_epoch=True, logger=True, batch_size=len(rb))
-
-    def _actor_update(self, rb, chunk, old_logp, ref_logp, advantages, extra_loss) -> dict[str, float]:
-        """Backward the policy loss of one minibatch (micro-batched). Returns its metrics."""
-        algo, width = self.algo, rb.response_mask.shape[1]
-        mask_all = rb.response_mask.to(self.device).float()
-        token_level = algo.loss_agg_mode == "token-mean"
-        total_weight = float(mask_all[chunk].sum()) if token_level else float(len(chunk))
-        policy_loss = POLICY_LOSSES.get(algo.policy_loss)
-        stats = {
-            "train/pg_loss": 0.0,
-            "train/pg_clipfrac": 0.0,
-            "train/kl": 0.0,
-            "train/entropy": 0.0,
-            "train/ratio_mean": 0.0,
-        }
-        for micro in chunk.split(algo.micro_batch_size):
-            ids, attn = rb.input_ids[micro].to(self.device), rb.attention_mask[micro].to(self.device)
-            mask = mask_all[micro]
-            weight = (float(mask.sum()) if token_level else float(len(micro))) / max(total_weight, 1e-9)
-            logp, ent = self._token_stats(self.actor, ids, attn, width, entropy=True)
-            pg, clipped = policy_loss(
-                logp,
-                old_logp[micro],
-                advantages[micro].to(self.device),
-                algo.clip_ratio_low,
-                algo.clip_ratio_high,
-            )
-            pg_loss = aggregate(pg, mask, algo.loss_agg_mode)
-            entropy = aggregate(ent, mask, algo.loss_agg_mode)
-            loss = pg_loss - algo.entropy_coeff * entropy
-            kl = torch.zeros((), device=self.device)
-            if ref_logp is not None:
-                kl = aggregate(
-                    KL_ESTIMATORS.get(algo.kl_estimator)(logp, ref_logp[micro]), mask, algo.loss_agg_mode
-                )
-                loss = loss + algo.kl_coef * kl
-            loss = loss * weight
-            if extra_loss is not None:
-                loss, extra_loss = loss + extra_loss, None
-            self.manual_backward(loss)
-            stats["train/pg_loss"] += float(pg_loss.detach()) * weight
-            stats["train/entropy"] += float(entropy.detach()) * weight
-            stats["train/kl"] += float(kl.detach()) * weight
-            stats["train/pg_clipfrac"] += float(aggregate(clipped, mask, "token-mean")) * weight
-            stats["train/ratio_mean"] += (
-                float(aggregate(torch.exp(logp - old_logp[micro]).detach(), mask, "token-mean")) * weight
-            )
-        return stats
+    def _warn_non_finite(self, metrics: dict) -> None:
+        """NaN / inf metrics are logged as they are (TensorBoard keeps them) and named here: a
+        metric with no data is omitted by its producer, so a non-finite value is a real fault."""
+        for name, value in non_finite(metrics).items():
+            log.warning("metric %s is %s at step %d", name, value, self.global_step)
 
     def _router_loss(self, rb: RolloutBatch):
-        r = rb.router
+        """Router policy-gradient loss; advantages of r_router grouped by uid (registry estimator)."""
+        r, cfg = rb.router, self.router_cfg
         logits = self.router_logits(r.prompt_ids, r.prompt_mask, grad=True)[r.prompt_index.to(self.device)]
-        adv = get_advantage("grpo")(
-            r.reward, group_ids(rb.uids), eps=self.algo.adv_eps, norm_by_std=self.router_cfg.norm_adv_by_std
-        ).to(self.device)
+        adv_fn = advantage_fn(cfg.adv_estimator, cfg.norm_adv_by_std, self.algo.adv_eps, {}, "router")
+        adv = adv_fn(r.reward, rb.uids).to(self.device)
         return router_loss(
-            logits,
-            r.action.to(self.device),
-            adv,
-            self.router_cfg.entropy_coef,
-            self.router_cfg.sup_coef,
+            logits, r.action.to(self.device), adv, self._router_entropy_coef(), cfg.sup_coef,
             r.target.to(self.device),
         )
+
+    def _router_entropy_coef(self) -> float:
+        cfg = self.router_cfg
+        return linear_decay(self.global_step, cfg.entropy_coef, cfg.entropy_coef_final, cfg.entropy_decay_steps)
+
+
+def _attached_rollout(batch) -> RolloutBatch:
+    rb = getattr(batch, "rollout", None)
+    if rb is None:
+        raise RuntimeError("no rollout on the batch: the RolloutCallback must run before the step")
+    return rb

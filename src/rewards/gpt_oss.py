@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from src.rewards.harmony_parse import (
+from src.formats.harmony import (
     CALL,
     END,
     FUNCTIONS_PREFIX,

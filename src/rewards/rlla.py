@@ -11,16 +11,20 @@ Parts (defaults):
     format       0..1   exact <think>/<tool_call>/<response> layout implied by the ground truth
     correctness -3..3   frequency-aware name matching + parameter keys + parameter values
     length       0..1   <think> word count / 512 (only with ``with_length``)
+
+Every reading is a linear scan (``str.find`` / ``partition``): ToolRL's lazy ``.*?`` layout regexes
+are quadratic to cubic on degenerate responses (see :mod:`src.rewards.layout`); the answers are
+identical (tests/rewards/test_parity_fuzz.py compares against a copy of the regex version).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import re
 from collections import Counter
 from typing import Any
 
+from src.rewards.layout import matches_layout
 from src.rewards.types import RewardBreakdown, RewardConfig
 
 __all__ = [
@@ -29,6 +33,7 @@ __all__ = [
     "combine_parts",
     "compute_score",
     "correctness_range",
+    "format_ok",
     "format_range",
     "length_reward",
     "match_score",
@@ -158,22 +163,25 @@ def parse_tool_block(text: str) -> list[Any]:
     """
     if "<tool_call>" not in text:
         raise ValueError("no <tool_call> tag")
-    block = text.split("<tool_call>")[1].split("</tool_call>")[0].strip()
+    # partition, not split: a degenerate text repeats the tag thousands of times
+    block = text.partition("<tool_call>")[2].partition("<tool_call>")[0].partition("</tool_call>")[0].strip()
     return [json.loads(line) for line in block.split("\n")]
 
 
-_FORMAT_PATTERNS = {
-    (True, False): r"^<think>.*?</think>\n<response>.*?</response>$",
-    (False, True): r"^<think>.*?</think>\n<tool_call>\n.*?\n</tool_call>$",
-    (True, True): r"^<think>.*?</think>\n<tool_call>\n.*?\n</tool_call>\n<response>.*?</response>$",
-    (False, False): r"^<think>.*?</think>$",
+# The layouts ToolRL's regexes describe, as the literals between their lazy ``.*?`` gaps:
+# (ground truth has <response>, ground truth has <tool_call>) -> literals. See layout.py.
+_FORMAT_LAYOUTS = {
+    (True, False): ("<think>", "</think>\n<response>", "</response>"),
+    (False, True): ("<think>", "</think>\n<tool_call>\n", "\n</tool_call>"),
+    (True, True): ("<think>", "</think>\n<tool_call>\n", "\n</tool_call>\n<response>", "</response>"),
+    (False, False): ("<think>", "</think>"),
 }
 
 
 def format_ok(response: str, ground_truth: str) -> bool:
-    """Does the response have exactly the tag layout the ground truth has?"""
+    """Does the response have exactly the tag layout the ground truth has? Linear time."""
     has_resp, has_call = "<response>" in ground_truth, "<tool_call>" in ground_truth
-    if not re.search(_FORMAT_PATTERNS[(has_resp, has_call)], response, re.DOTALL):
+    if not matches_layout(response, _FORMAT_LAYOUTS[(has_resp, has_call)]):
         return False
     tags = (["<response>", "</response>"] if has_resp else []) + (
         ["<tool_call>", "</tool_call>"] if has_call else []
@@ -184,7 +192,7 @@ def format_ok(response: str, ground_truth: str) -> bool:
 def _think_text(response: str) -> str | None:
     if "<think>" not in response or "</think>" not in response:
         return None
-    return response.split("<think>")[-1].split("</think>")[0]
+    return response.rpartition("<think>")[2].partition("</think>")[0]
 
 
 def compute_score(

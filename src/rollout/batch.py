@@ -1,4 +1,4 @@
-"""The typed rollout batch that the rollout callback hands to ``training_step``."""
+"""The typed batches of a training step: the prompts (``PromptBatch``) and their rollouts (``RolloutBatch``)."""
 
 from __future__ import annotations
 
@@ -37,7 +37,10 @@ class RolloutBatch:
     response_mask: [N, T] 1 on tokens that are trained on (generated tokens; 0 on padding and on
         environment observations in multi-step episodes).
     rewards: [N] the actor's scalar reward; uids: group id per row (GRPO groups).
-    rollout_log_probs: [N, T] log-probs under the sampling distribution (diagnostic).
+    rollout_log_probs: [N, T] log-probs under the sampling distribution (the engine's own; the
+        PPO old log-probs with ``algorithm.old_log_prob_source: rollout``).
+    temperatures: [N] sampling temperature of each row; None -> the config's ``sampling.temperature``.
+        The module scores old, new and reference log-probs at this temperature (logits / T).
     token_advantages: [N, T] when the estimator is token/step level (RLVCR); else None and the
         module broadcasts per-sequence advantages.
     rows: per-rollout records for the rollout log (text, route, reward parts, ...).
@@ -51,11 +54,13 @@ class RolloutBatch:
     rewards: torch.Tensor
     uids: list[Any]
     rollout_log_probs: torch.Tensor
+    temperatures: torch.Tensor | None = None
     router: RouterRollout | None = None
     token_advantages: torch.Tensor | None = None
     rows: list[dict[str, Any]] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
     episodes: list[Any] | None = None
+    temperatures: torch.Tensor | None = None
 
     @property
     def prompt_width(self) -> int:
@@ -63,6 +68,22 @@ class RolloutBatch:
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
+
+
+@dataclass
+class PromptBatch:
+    """One step's prompt records (the dataloader's batch) and, once collected, their rollouts.
+
+    The rollout callback fills ``rollout`` in ``on_train_batch_start`` /
+    ``on_validation_batch_start``; ``training_step`` reads it from the batch it is given.
+    """
+
+    records: list[dict[str, Any]]
+    rollout: RolloutBatch | None = None
+    sampling: Any = None  # a lesson's SamplingParams (curriculum); None = the collector's own
+
+    def __len__(self) -> int:
+        return len(self.records)
 
 
 def assemble_sequences(

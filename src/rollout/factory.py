@@ -1,49 +1,93 @@
-"""Build the rollout collector (engine, sampling, router pieces) from config."""
+"""Build the rollout collector (engine, sampling, router pieces) from the job config.
+
+The engine is ``rollout.engines[rollout.engine]``, built with Hydra ``instantiate`` from its
+``_target_`` (``hf_engine`` / ``vllm_engine`` below, or a researcher's own builder with the same
+keyword arguments). Collectors read sampling only through ``SamplingParams``.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from src.config.sampling import SamplingConfig, eval_sampling, train_sampling
+from src.config.sampling import SamplingParams as JobSampling
 from src.rewards.types import RewardConfig
-from src.rollout.engine import HFGenerateEngine, SamplingParams
+from src.rollout.engines.types import SamplingParams
 from src.rollout.single_turn import RouterSettings, SingleTurnCollector
+
+
+# ---------------------------------------------------------------------------- engines
+def hf_engine(*, module, tokenizer, model_path: Path, micro_batch_size: int, **settings):
+    """Hugging Face ``generate`` on the trainer's own actor (the embedded default)."""
+    from src.rollout.engines.build import build_hf_engine
+
+    del model_path  # samples from the live actor, not from the files
+    return build_hf_engine(module.actor, tokenizer, micro_batch_size=micro_batch_size, **settings)
+
+
+def vllm_engine(*, module, tokenizer, model_path: Path, micro_batch_size: int, **settings):
+    """vLLM (the ``vllm`` extra, CUDA only), colocated or server; weights follow the actor."""
+    from src.rollout.engines.build import build_vllm_engine
+
+    del micro_batch_size  # vLLM batches by itself
+    return build_vllm_engine(module.actor, tokenizer, model_path, **settings)
 
 
 def make_engine(cfg: DictConfig, tokenizer, module, model_path: Path):
     r = cfg.rollout
-    if r.engine == "hf":
-        return HFGenerateEngine(
-            module.actor, tokenizer.pad_token_id, [tokenizer.eos_token_id], r.micro_batch_size
-        )
-    if r.engine == "vllm":
-        from src.rollout.vllm_engine import VLLMEngine
-
-        return VLLMEngine(
-            str(model_path),
-            r.vllm.gpu_memory_utilization,
-            r.vllm.dtype,
-            r.vllm.max_model_len,
-            pad_token_id=tokenizer.pad_token_id,
-        )
-    raise ValueError(f"rollout.engine={r.engine!r}; expected 'hf' or 'vllm'")
-
-
-def sampling_from(cfg: DictConfig) -> SamplingParams:
-    r = cfg.rollout
-    return SamplingParams(n=r.n, temperature=r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens)
-
-
-def eval_sampling_from(cfg: DictConfig) -> SamplingParams:
-    e = cfg.rollout.eval
-    return SamplingParams(
-        n=e.n, temperature=e.temperature, top_p=e.top_p, max_new_tokens=cfg.rollout.max_new_tokens
+    return instantiate(
+        r.engines[r.engine],
+        module=module,
+        tokenizer=tokenizer,
+        model_path=model_path,
+        micro_batch_size=r.micro_batch_size,
     )
 
 
+# ---------------------------------------------------------------------------- sampling
+def sampling_config(cfg: DictConfig) -> SamplingConfig:
+    return OmegaConf.to_object(cfg.sampling)
+
+
+def stop_token_ids(stop: list[str], tokenizer) -> list[int]:
+    """Each ``sampling.stop`` string as its one token id (a string of several tokens is refused)."""
+    ids = []
+    for text in stop:
+        encoded = tokenizer.encode(text, add_special_tokens=False)
+        if len(encoded) != 1:
+            raise ValueError(
+                f"sampling.stop: {text!r} is {len(encoded)} tokens, not one token of the vocabulary"
+            )
+        ids.append(encoded[0])
+    return ids
+
+
+def engine_sampling(params: JobSampling, tokenizer) -> SamplingParams:
+    """One generate call's settings from the job's ``SamplingParams`` (stop strings -> token ids)."""
+    return SamplingParams(
+        n=params.n_generations_per_prompt,
+        temperature=params.temperature,
+        top_p=params.top_p,
+        max_new_tokens=params.max_new_tokens,
+        min_new_tokens=params.min_new_tokens,
+        stop_token_ids=stop_token_ids(params.stop, tokenizer),
+    )
+
+
+def sampling_from(cfg: DictConfig, tokenizer) -> SamplingParams:
+    return engine_sampling(train_sampling(sampling_config(cfg)), tokenizer)
+
+
+def eval_sampling_from(cfg: DictConfig, tokenizer) -> SamplingParams:
+    return engine_sampling(eval_sampling(sampling_config(cfg)), tokenizer)
+
+
+# ---------------------------------------------------------------------------- collectors
 def make_families(cfg: DictConfig):
-    from src.rewards.tool_families import ToolFamilies
+    from src.router.families import ToolFamilies
 
     sidecar = cfg.router.get("families_sidecar")
     return ToolFamilies.from_file(sidecar) if sidecar else ToolFamilies()
@@ -51,12 +95,11 @@ def make_families(cfg: DictConfig):
 
 def make_collector(cfg: DictConfig, tokenizer, module, model_path: Path):
     engine = make_engine(cfg, tokenizer, module, model_path)
-    reward_config = RewardConfig(**OmegaConf.to_container(cfg.reward, resolve=True))
     if cfg.env.enable:
-        from src.rollout.episode_factory import make_episode_collector
+        from src.rollout.episodes.factory import make_episode_collector
 
         return make_episode_collector(cfg, tokenizer, engine, module)
-    from src.rewards.tool_cost import make_cost_fn
+    from src.router.cost import make_cost_fn
 
     router = RouterSettings(
         enable=cfg.router.enable,
@@ -68,8 +111,8 @@ def make_collector(cfg: DictConfig, tokenizer, module, model_path: Path):
     return SingleTurnCollector(
         tokenizer,
         engine,
-        sampling_from(cfg),
-        reward_config,
+        sampling_from(cfg, tokenizer),
+        RewardConfig(**OmegaConf.to_container(cfg.reward, resolve=True)),
         router,
         families=make_families(cfg),
         cost_fn=cost_fn,

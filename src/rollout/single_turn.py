@@ -1,26 +1,33 @@
 """Single-turn rollouts: route (optional), generate G responses per prompt, score, cost.
 
-Orchestration only: rewards, tool usage, costs and prompts come from their own modules.
+Orchestration only: ``collect`` is route -> routed prompts -> generate -> score -> assemble, each a
+function of its own; per-prompt router facts come from ``src.router.context``, routing from
+``src.rollout.routing``, decoding and scoring from ``src.rollout.responses`` (inference uses the
+same three).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
-from typing import Any, Callable
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 
-from src.rewards.dispatch import response_format, score
+from src.rewards.finite import check_finite_rewards
 from src.rewards.types import RewardConfig
 from src.rollout.batch import RolloutBatch, RouterRollout, assemble_sequences
-from src.rollout.engine import RolloutEngine, SamplingParams, left_pad
-from src.rollout.routes import Route, weak_label_index
+from src.rollout.engine import Completions, RolloutEngine, SamplingParams, left_pad
+from src.rollout.responses import ResponseScorer, ScoredResponse, decode_response
+from src.rollout.routing import ROUTE_NAMES, RouteDecision, decide_routes, routed_prompts, router_logits
+from src.router.context import PromptContext, record_context
+from src.router.routes import weak_label_index
+
+__all__ = ["ROUTE_NAMES", "RouterSettings", "SingleTurnCollector", "decode_response"]
 
 log = logging.getLogger(__name__)
-
-ROUTE_NAMES = tuple(r.label for r in Route)
 
 
 @dataclass
@@ -31,9 +38,70 @@ class RouterSettings:
     actor_reward: str = "task"  # the actor's GRPO reward: "task" (r_task) or "router" (r_task − λ·cost)
 
 
-def decode_response(tokenizer, token_ids: list[int], drop_ids: set[int]) -> str:
-    """Assistant text of a completion: stop/pad tokens removed, other special tokens kept (harmony)."""
-    return tokenizer.decode([t for t in token_ids if t not in drop_ids], skip_special_tokens=False)
+@dataclass
+class Generation:
+    """The N = P·G generated rows: prompts [N] routed prompt ids, completions [N, T], seconds taken."""
+
+    prompts: list[list[int]]
+    completions: Completions
+    seconds: float
+
+
+def response_row(step: int, record: dict[str, Any], scored: ScoredResponse) -> dict[str, Any]:
+    """One rollout-log row (DESIGN.md's column names) of a scored response."""
+    parts = scored.reward
+    usage = scored.usage
+    return {
+        "step": step,
+        "uid": record["uid"],
+        "data_source": record["data_source"],
+        "response": scored.text,
+        "response_length": scored.length,
+        "reward_task": parts.total,
+        "reward_format": parts.format,
+        "reward_correctness": parts.correctness,
+        "reward_length": parts.length,
+        "used_tool": usage.used_any_tool,
+        "used_search": usage.used_search,
+        "used_calculate": usage.used_calculate,
+        "n_tool_calls": usage.n_calls,
+        "cost": scored.cost,
+    }
+
+
+def router_rollout(
+    decision: RouteDecision,
+    prompt_ids: list[list[int]],
+    pad_id: int,
+    copies: int,
+    task_rewards: torch.Tensor,
+    costs: torch.Tensor,
+    labels: list[str],
+    lam: float,
+) -> RouterRollout:
+    """The router's part of the batch: r_router = r_task − λ·cost [N], weak-label targets [N]."""
+    p_ids, p_mask = left_pad(prompt_ids, pad_id)
+    return RouterRollout(
+        prompt_ids=p_ids,
+        prompt_mask=p_mask,
+        prompt_index=torch.arange(len(prompt_ids)).repeat_interleave(copies),
+        action=decision.action,
+        log_prob=decision.log_prob,
+        reward=task_rewards - lam * costs,
+        cost=costs,
+        target=torch.tensor([weak_label_index(label) for label in labels], dtype=torch.long),
+    )
+
+
+def add_route_columns(rows: list[dict], decision: RouteDecision, router: RouterRollout, labels: list[str]):
+    """Route, router probability, weak label and r_router on each row (in place: rows are ours)."""
+    for i, row in enumerate(rows):
+        row.update(
+            route=ROUTE_NAMES[int(decision.action[i])],
+            router_prob=float(decision.log_prob[i].exp()),
+            weak_label=labels[i],
+            reward_router=float(router.reward[i]),
+        )
 
 
 class SingleTurnCollector:
@@ -50,21 +118,20 @@ class SingleTurnCollector:
         cost_fn: Callable | None = None,
         router_logits_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
     ):
+        if families is None:
+            from src.router.families import ToolFamilies
+
+            families = ToolFamilies()
         self.tokenizer = tokenizer
         self.engine = engine
         self.sampling = sampling
-        self.reward_config = reward_config
         self.router = router
-        if families is None:
-            from src.rewards.tool_families import ToolFamilies
-
-            families = ToolFamilies()
         self.families = families
-        self.cost_fn = cost_fn
         self.router_logits_fn = router_logits_fn
+        self.scorer = ResponseScorer(families, cost_fn, reward_config)
         self.drop_ids = {tokenizer.pad_token_id, tokenizer.eos_token_id, *sampling.stop_token_ids}
 
-    def _encode(self, messages: list[dict]) -> list[int]:
+    def encode(self, messages: list[dict]) -> list[int]:
         from src.datamodules.rlla_datamodule import prompt_token_ids
 
         return prompt_token_ids(self.tokenizer, messages)
@@ -79,132 +146,94 @@ class SingleTurnCollector:
         sampling: SamplingParams | None = None,
     ) -> RolloutBatch:
         """``sampling`` overrides the training sampling (evaluation uses greedy, one sample)."""
-        from dataclasses import replace
-
-        from src.rewards.tool_families import tool_descriptions, weak_label
-        from src.rewards.tool_usage import tool_usage
-
         sampling = sampling or self.sampling
-
-        g = sampling.n
-        n_prompts = len(records)
+        contexts = [record_context(r, self.families, with_label=self.router.enable) for r in records]
+        decision = self.route(records, sampling.n, generator)
+        generation = self.generate(records, contexts, decision, sampling)
         t0 = time.perf_counter()
-        pad = self.tokenizer.pad_token_id
-        router_out = None
-        if self.router.enable:
-            p_ids, p_mask = left_pad([r["prompt_ids"] for r in records], pad)
-            logits = self.router_logits_fn(p_ids, p_mask).float().cpu()  # [P, 3]
-            from src.models.router_head import RouterHead
+        row_contexts = [ctx for ctx in contexts for _ in range(sampling.n)]
+        truths = [r["ground_truth"] for r in records for _ in range(sampling.n)]
+        scored = self.scorer.score_tokens(
+            self.tokenizer, generation.completions.token_lists(), self.drop_ids, row_contexts, truths, step
+        )
+        rows = [response_row(step, records[i // sampling.n], s) for i, s in enumerate(scored)]
+        batch = self.assemble(records, row_contexts, decision, generation, scored, rows, lam, sampling)
+        batch.metrics["timing/scoring_s"] = time.perf_counter() - t0
+        return batch
 
-            router_out = RouterHead.act(
-                logits.repeat_interleave(g, dim=0), sample=self.router.sample, generator=generator
-            )
-            prompts = [
-                self._encode(self._route_messages(records[i // g], int(router_out.router_action[i])))
-                for i in range(n_prompts * g)
-            ]
-            completions = self.engine.generate(prompts, replace(sampling, n=1))
-        else:
+    def route(
+        self, records: list[dict], copies: int, generator: torch.Generator | None
+    ) -> RouteDecision | None:
+        """The router's decision for each of the P·copies rows; None when the router is off."""
+        if not self.router.enable:
+            return None
+        logits = router_logits(
+            self.router_logits_fn, [r["prompt_ids"] for r in records], self.tokenizer.pad_token_id
+        )
+        return decide_routes(logits, copies, self.router.sample, generator)
+
+    def generate(
+        self,
+        records: list[dict],
+        contexts: list[PromptContext],
+        decision: RouteDecision | None,
+        sampling: SamplingParams,
+    ) -> Generation:
+        """Routed rows generate one completion each; without a router the engine samples G per prompt."""
+        t0 = time.perf_counter()
+        g = sampling.n
+        if decision is None:
             prompts = [r["prompt_ids"] for r in records for _ in range(g)]
             completions = self.engine.generate([r["prompt_ids"] for r in records], sampling)
-        t_gen = time.perf_counter() - t0
-
-        t1 = time.perf_counter()
-        per_prompt = []  # (format, tool descriptions, weak label) of each prompt, shared by its G copies
-        for rec in records:
-            fmt = response_format(rec["data_source"])
-            descriptions = tool_descriptions(rec["messages"][0]["content"])
-            label = rec.get("weak_label") or weak_label(
-                rec["ground_truth"], self.families, fmt=fmt, descriptions=descriptions
+        else:
+            row_contexts = [ctx for ctx in contexts for _ in range(g)]
+            _, prompts = routed_prompts(
+                self.encode, row_contexts, decision.action.tolist(), self.families, self.router.prompt_mode
             )
-            per_prompt.append((fmt, descriptions, label))
-        rows, r_task, costs, targets = [], [], [], []
-        for i, tokens in enumerate(completions.token_lists()):
-            rec = records[i // g]
-            fmt, descriptions, label = per_prompt[i // g]
-            text = decode_response(self.tokenizer, tokens, self.drop_ids)
-            parts = score(rec["data_source"], text, rec["ground_truth"], step=step, config=self.reward_config)
-            row = {
-                "step": step,
-                "uid": rec["uid"],
-                "data_source": rec["data_source"],
-                "response": text,
-                "response_length": len(tokens),
-                "reward_task": parts.total,
-                "reward_format": parts.format,
-                "reward_correctness": parts.correctness,
-                "reward_length": parts.length,
-            }
-            usage = tool_usage(text, self.families, fmt=fmt, descriptions=descriptions)
-            cost = float(self.cost_fn(usage)) if self.cost_fn else float(usage.used_any_tool)
-            row.update(
-                used_tool=usage.used_any_tool,
-                used_search=usage.used_search,
-                used_calculate=usage.used_calculate,
-                n_tool_calls=usage.n_calls,
-                cost=cost,
-            )
-            costs.append(cost)
-            if router_out is not None:
-                a = int(router_out.router_action[i])
-                row.update(
-                    route=ROUTE_NAMES[a],
-                    router_prob=float(router_out.router_log_prob[i].exp()),
-                    weak_label=label,
-                )
-                targets.append(weak_label_index(label))
-            r_task.append(parts.total)
-            rows.append(row)
-        t_score = time.perf_counter() - t1
+            completions = self.engine.generate(prompts, replace(sampling, n=1))
+        return Generation(prompts, completions, time.perf_counter() - t0)
 
-        rewards_task = torch.tensor(r_task, dtype=torch.float32)
+    def assemble(
+        self,
+        records: list[dict],
+        row_contexts: list[PromptContext],
+        decision: RouteDecision | None,
+        generation: Generation,
+        scored: list[ScoredResponse],
+        rows: list[dict],
+        lam: float,
+        sampling: SamplingParams,
+    ) -> RolloutBatch:
+        """Pack rows, rewards and router decisions into the typed batch."""
+        pad = self.tokenizer.pad_token_id
+        uids = [r["uid"] for r in records for _ in range(sampling.n)]
+        check_finite_rewards([s.reward.total for s in scored], uids)
+        task = torch.tensor([s.reward.total for s in scored], dtype=torch.float32)
         router = None
-        if router_out is not None:
-            cost_t = torch.tensor(costs, dtype=torch.float32)
-            r_router = rewards_task - lam * cost_t
-            for row, rr in zip(rows, r_router.tolist()):
-                row["reward_router"] = rr
-            router = RouterRollout(
-                prompt_ids=p_ids,
-                prompt_mask=p_mask,
-                prompt_index=torch.arange(n_prompts).repeat_interleave(g),
-                action=router_out.router_action,
-                log_prob=router_out.router_log_prob,
-                reward=r_router,
-                cost=cost_t,
-                target=torch.tensor(targets, dtype=torch.long),
-            )
-        actor_rewards = (
-            router.reward if router is not None and self.router.actor_reward == "router" else rewards_task
-        )
+        if decision is not None:
+            labels = [ctx.weak_label for ctx in row_contexts]
+            costs = torch.tensor([s.cost for s in scored], dtype=torch.float32)
+            prompt_ids = [r["prompt_ids"] for r in records]
+            router = router_rollout(decision, prompt_ids, pad, sampling.n, task, costs, labels, lam)
+            check_finite_rewards(router.reward, uids, what="router reward")
+            add_route_columns(rows, decision, router, labels)
+        actor_rewards = router.reward if router is not None and self.router.actor_reward == "router" else task
+        comp = generation.completions
         input_ids, attention_mask = assemble_sequences(
-            prompts, completions.response_ids, completions.response_mask, pad
+            generation.prompts, comp.response_ids, comp.response_mask, pad
         )
-        n_tokens = int(completions.response_mask.sum())
-        metrics = {
-            "timing/generation_s": t_gen,
-            "timing/scoring_s": t_score,
-            "rollout/generated_tokens": float(n_tokens),
-        }
         return RolloutBatch(
             input_ids=input_ids,
             attention_mask=attention_mask,
-            response_mask=completions.response_mask,
+            response_mask=comp.response_mask,
             rewards=actor_rewards,
-            uids=[r["uid"] for r in records for _ in range(g)],
-            rollout_log_probs=completions.log_probs,
+            uids=uids,
+            rollout_log_probs=comp.log_probs,
+            temperatures=torch.full((len(rows),), float(sampling.temperature)),
             router=router,
             rows=rows,
-            metrics=metrics,
-        )
-
-    def _route_messages(self, record: dict, action: int) -> list[dict]:
-        from src.rollout.route_prompts import route_messages
-
-        return route_messages(
-            record["messages"],
-            Route(action),
-            self.families,
-            mode=self.router.prompt_mode,
-            fmt=response_format(record["data_source"]),
+            metrics={
+                "timing/generation_s": generation.seconds,
+                "rollout/generated_tokens": float(comp.response_mask.sum()),
+            },
         )

@@ -25,7 +25,7 @@ from src.datamodules.gpt_oss import (
     convert_system_prompt,
     harmony_to_xml,
 )
-from src.rewards.harmony_parse import parse_harmony, parse_harmony_tool_calls
+from src.formats.harmony import parse_harmony, parse_harmony_tool_calls
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / ".." / "shared" / "data"

@@ -149,7 +149,7 @@ def test_shuffle_seeded_per_epoch_and_state_roundtrip(tokenizer, synth):
     loader.sampler.set_epoch(1)  # what Lightning does before epoch 1
     epoch1 = [r["uid"] for bt in loader for r in bt]
     assert sorted(epoch1) == list(range(40)) and epoch1 != order(b)
-    assert a.state_dict() == {"seed": 0, "epoch": 1}
+    assert a.state_dict() == {"seed": 0, "epoch": 1, "position": 0}  # no trainer: nothing consumed
     c = _dm(tokenizer, [synth["train"]])
     c.load_state_dict(a.state_dict())
     assert order(c) == epoch1  # resuming replays epoch 1's permutation
@@ -198,4 +198,48 @@ def test_lightning_fit_uses_list_batches_and_reshuffles(tokenizer, synth):
     trainer.fit(model, datamodule=dm)
     assert sorted(model.seen[0]) == sorted(model.seen[1]) == list(range(40))
     assert model.seen[0] != model.seen[1]
-    assert dm.state_dict() == {"seed": 0, "epoch": 1}
+    assert dm.state_dict() == {"seed": 0, "epoch": 1, "position": 40}  # the last epoch, all consumed
+
+
+class _StopAt(L.Callback):
+    """After ``n`` batches: checkpoint to ``path`` (as the run's checkpoints are, at batch end), stop."""
+
+    def __init__(self, n: int, path):
+        self.n, self.path, self.state = n, path, None
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == self.n:
+            self.state = trainer.datamodule.state_dict()
+            trainer.save_checkpoint(self.path)
+            trainer.should_stop = True
+
+
+def _fit(dm, max_steps: int, callbacks=(), ckpt_path=None):
+    model = _Recorder()
+    trainer = L.Trainer(
+        max_steps=max_steps,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=list(callbacks),
+    )
+    trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path)
+    return model, trainer
+
+
+def test_checkpoint_mid_epoch_resumes_the_permutation_where_it_stopped(tokenizer, synth, tmp_path):
+    """40 rows in batches of 10: stop after 6 batches (epoch 1, 2 batches in), resume to 8."""
+    files = [str(synth["train"])]
+    straight, _ = _fit(RLLADataModule(files, [], tokenizer, max_prompt_length=100_000, batch_size=10), 8)
+    stop = _StopAt(6, tmp_path / "mid.ckpt")
+    first, _ = _fit(RLLADataModule(files, [], tokenizer, max_prompt_length=100_000, batch_size=10), 8, [stop])
+    assert stop.state == {"seed": 0, "epoch": 1, "position": 20}
+    resumed, _ = _fit(
+        RLLADataModule(files, [], tokenizer, max_prompt_length=100_000, batch_size=10),
+        8,
+        ckpt_path=tmp_path / "mid.ckpt",
+    )
+    assert first.seen[1] + resumed.seen[1] == straight.seen[1]
+    assert len(resumed.seen[1]) == 20 and 0 not in resumed.seen  # no prompt seen twice

@@ -187,3 +187,23 @@ def test_cli_writes_files(tmp_path):
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )
     assert bad.returncode == 2 and "proportions" in bad.stderr
+
+
+def test_low_gain_rows_are_vague_requests_and_every_row_lists_both_tool_families():
+    from src.datamodules.synthetic import is_vague_request
+
+    df = generate_rlla_rows(200, seed=5, p_search=0.3, p_calculate=0.3, p_answer=0.4, low_gain=0.5)
+    kinds = Counter()
+    for _, row in df.iterrows():
+        system, user = row["prompt"][0]["content"], row["prompt"][1]["content"]
+        listed = {
+            TOOLS[line.split("Name: ", 1)[1]].family for line in system.split("\n") if ". Name: " in line
+        }
+        assert {"search", "calculate"} <= listed
+        family = ground_truth_family(row["reward_model"]["ground_truth"])
+        kinds[(family, is_vague_request(user))] += 1
+    assert kinds[("search", True)] == kinds[("search", False)] == 30
+    assert kinds[("calculate", True)] == kinds[("calculate", False)] == 30
+    assert kinds[("answer", False)] == 80 and not kinds[("answer", True)]
+    with pytest.raises(ValueError, match="low_gain"):
+        generate_rlla_rows(5, seed=0, low_gain=1.5)

@@ -1,8 +1,8 @@
 import pytest
 
 from src.datamodules.gpt_oss import GPT_OSS_TOKEN_IDS, HARMONY_SPECIAL_TOKENS
-from src.models.tokens import harmony_token_ids
 from src.models.tiny import TAG_TOKENS
+from src.models.tokens import harmony_token_ids
 
 
 def test_tiny_tokenizer_holds_every_harmony_and_tag_token_as_one_token(tiny):

@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 
 from src.datamodules.gpt_oss import convert_ground_truth
+from src.formats.harmony import parse_harmony, parse_harmony_tool_calls
 from src.rewards import gpt_oss, rlla
-from src.rewards.harmony_parse import parse_harmony, parse_harmony_tool_calls
 from src.rewards.rlla import correctness_range, format_range, length_reward
 from src.rewards.types import RewardConfig
 

@@ -1,11 +1,16 @@
+import pytest
 import torch
 
 from src.rollout.engine import (
+    HFEngineSettings,
     HFGenerateEngine,
     RolloutEngine,
     SamplingParams,
+    eos_token_ids,
+    left_pad,
     mask_after_stop,
     sampling_log_probs,
+    warped_log_probs,
 )
 
 
@@ -22,27 +27,148 @@ def test_top_p_log_probs_renormalise_over_the_nucleus():
     assert lp[0, 2] == float("-inf")
 
 
-def test_hf_engine_generates_left_padded_batches_with_logprobs(tiny):
-    model, tok = tiny
-    engine = HFGenerateEngine(model, tok.pad_token_id, [tok.eos_token_id])
-    assert isinstance(engine, RolloutEngine)
-    prompts = [
-        tok("hello there", add_special_tokens=False)["input_ids"],
+def test_warped_log_probs_match_a_plain_loop():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(5, 13, generator=g) * 3
+    for temperature, top_p in [(1.0, 1.0), (0.7, 0.9), (1.3, 0.5)]:
+        got = warped_log_probs(logits, temperature, top_p)
+        for row in range(logits.shape[0]):
+            probs = torch.softmax(logits[row] / temperature, -1).tolist()
+            order = sorted(range(len(probs)), key=lambda i: -probs[i])
+            kept, mass = [], 0.0
+            for i in order:
+                if mass >= top_p:
+                    break
+                kept.append(i)
+                mass += probs[i]
+            total = sum(probs[i] for i in kept)
+            for i in range(len(probs)):
+                if i in kept:
+                    assert abs(got[row, i].exp().item() - probs[i] / total) < 1e-5
+                else:
+                    assert got[row, i] == float("-inf")
+
+
+def test_eos_ids_join_the_generation_config_list_and_the_tokenizer():
+    class Cfg:
+        eos_token_id = [7, 3]
+
+    class Tok:
+        eos_token_id = 5
+
+    assert eos_token_ids(Cfg(), Tok()) == [3, 5, 7]
+    Cfg.eos_token_id = 5
+    assert eos_token_ids(Cfg(), Tok()) == [5]
+    assert eos_token_ids(None, Tok()) == [5]
+
+
+def test_left_pad_buckets_the_width():
+    ids, mask = left_pad([[1, 2, 3], [4]], 0, multiple_of=4)
+    assert ids.tolist() == [[0, 1, 2, 3], [0, 0, 0, 4]]
+    assert mask.tolist() == [[0, 1, 1, 1], [0, 0, 0, 1]]
+
+
+def test_settings_reject_bad_values_naming_the_key():
+    with pytest.raises(ValueError, match="rollout.engines.hf.cache_implementation"):
+        HFEngineSettings(cache_implementation="paged")
+    with pytest.raises(ValueError, match="rollout.engines.hf.compile"):
+        HFEngineSettings(compile=True)
+    with pytest.raises(ValueError, match="rollout.engines.hf.logprobs_from"):
+        HFEngineSettings(logprobs_from="nowhere")
+
+
+def _prompts(tok):
+    return [
+        tok("hello there, how are you", add_special_tokens=False)["input_ids"],
         tok("a", add_special_tokens=False)["input_ids"],
     ]
+
+
+def _teacher_forced(model, prompt, response):
+    seq = torch.tensor([prompt + response])
+    with torch.no_grad():
+        logits = model(seq).logits[0, len(prompt) - 1 : -1]
+    return torch.log_softmax(logits, -1).gather(-1, seq[0, len(prompt) :, None]).squeeze(-1)
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        HFEngineSettings(),  # recorded scores, shared prefill
+        HFEngineSettings(share_prefill=False, pad_to_multiple_of=8),
+        HFEngineSettings(share_prefill=False, logprobs_from="forward"),
+        HFEngineSettings(cache_implementation="static", pad_to_multiple_of=8),
+    ],
+    ids=["scores-shared", "scores-bucketed", "forward", "static"],
+)
+def test_hf_engine_log_probs_equal_a_teacher_forced_pass(tiny, settings):
+    model, tok = tiny
+    engine = HFGenerateEngine(model, tok.pad_token_id, [tok.eos_token_id], settings=settings)
+    assert isinstance(engine, RolloutEngine)
+    prompts = _prompts(tok)
     torch.manual_seed(0)
     out = engine.generate(prompts, SamplingParams(n=3, temperature=1.0, max_new_tokens=8))
     assert out.response_ids.shape[0] == 6 and out.response_ids.shape[1] <= 8
-    assert ((out.log_probs <= 0) | (out.response_mask == 0)).all()
     assert (out.log_probs[out.response_mask == 0] == 0).all()
-    # the sampling log-probs equal a teacher-forced pass over each sequence alone (no padding effects)
-    i = 4  # a copy of the shorter, left-padded prompt
-    seq = torch.tensor([prompts[1] + out.token_lists()[i]])
-    with torch.no_grad():
-        logits = model(seq).logits[0, len(prompts[1]) - 1 : -1]
-    ref = torch.log_softmax(logits, -1).gather(-1, seq[0, len(prompts[1]) :, None]).squeeze(-1)
-    n = len(out.token_lists()[i])
-    assert torch.allclose(out.log_probs[i, :n], ref, atol=1e-4)
+    for i in range(6):  # every copy, both the long and the left-padded short prompt
+        resp = out.token_lists()[i]
+        ref = _teacher_forced(model, prompts[i // 3], resp)
+        assert torch.allclose(out.log_probs[i, : len(resp)], ref, atol=1e-4), i
+
+
+def test_recorded_log_probs_follow_temperature_and_top_p(tiny):
+    model, tok = tiny
+    engine = HFGenerateEngine(model, tok.pad_token_id, [tok.eos_token_id])
+    prompts = _prompts(tok)
+    torch.manual_seed(1)
+    out = engine.generate(prompts, SamplingParams(n=2, temperature=0.7, top_p=0.9, max_new_tokens=6))
+    for i in range(4):
+        resp = out.token_lists()[i]
+        seq = torch.tensor([prompts[i // 2] + resp])
+        with torch.no_grad():
+            logits = model(seq).logits[:, len(prompts[i // 2]) - 1 : -1]
+        ref = sampling_log_probs(logits, seq[:, len(prompts[i // 2]) :], 0.7, 0.9)[0]
+        assert torch.isfinite(out.log_probs[i, : len(resp)]).all()
+        assert torch.allclose(out.log_probs[i, : len(resp)], ref, atol=1e-4)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_shared_prefill_and_static_cache_sample_the_plain_tokens(tiny, temperature):
+    model, tok = tiny
+    prompts = _prompts(tok)
+    sampling = SamplingParams(n=3, temperature=temperature, max_new_tokens=10)
+    outs = []
+    for s in (
+        HFEngineSettings(share_prefill=False),
+        HFEngineSettings(share_prefill=True),
+        HFEngineSettings(cache_implementation="static", pad_to_multiple_of=16),
+    ):
+        torch.manual_seed(3)  # same draws: the three paths compute the same distributions
+        outs.append(
+            HFGenerateEngine(model, tok.pad_token_id, [tok.eos_token_id], settings=s).generate(
+                prompts, sampling
+            )
+        )
+    for other in outs[1:]:
+        assert other.token_lists() == outs[0].token_lists()
+        assert torch.allclose(other.log_probs, outs[0].log_probs, atol=1e-4)
+    if temperature == 0.0:
+        assert outs[0].token_lists()[0] == outs[0].token_lists()[2]
+
+
+def test_generation_stops_on_every_eos_id_and_min_new_tokens_holds_it_off(tiny):
+    model, tok = tiny
+    prompt = [tok("route me", add_special_tokens=False)["input_ids"]]
+    free = HFGenerateEngine(model, tok.pad_token_id, [], settings=HFEngineSettings())
+    plain = free.generate(prompt, SamplingParams(n=1, temperature=0.0, max_new_tokens=8)).token_lists()[0]
+    second_eos = plain[2]  # a token greedy decoding emits: declared as a second EOS id
+    engine = HFGenerateEngine(model, tok.pad_token_id, [tok.eos_token_id, second_eos])
+    stopped = engine.generate(prompt, SamplingParams(n=1, temperature=0.0, max_new_tokens=8)).token_lists()[0]
+    assert stopped == plain[: plain.index(second_eos) + 1]
+    exact = engine.generate(
+        prompt, SamplingParams(n=1, temperature=1.0, max_new_tokens=8, min_new_tokens=8)
+    ).token_lists()[0]
+    assert len(exact) == 8
 
 
 def test_greedy_is_deterministic(tiny):

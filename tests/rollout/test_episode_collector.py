@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
+from src.config.compose import compose_job
 from src.datamodules.seeds import SeedDataModule, seed_records
+from src.envs import LocalGameConfig, LocalGameEnv
 from src.models.module import position_ids
 from src.rollout.engine import Completions, HFGenerateEngine
-from src.rollout.envs import LocalGameConfig, LocalGameEnv
-from src.rollout.episode_collector import EpisodeCollector, EpisodeSettings
-from src.rollout.episode_factory import make_episode_collector
+from src.rollout.episodes.collector import EpisodeCollector, EpisodeSettings
+from src.rollout.episodes.factory import make_episode_collector
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
@@ -99,6 +99,36 @@ def test_collect_packs_episodes_into_a_rollout_batch(tiny):
     assert {"timing/generation_s", "timing/scoring_s"} <= set(m)
 
 
+class TemperatureRecordingEngine(ScriptedEngine):
+    """The scripted engine that also records the temperature each prompt was sampled at."""
+
+    def __init__(self, tok):
+        super().__init__(tok)
+        self.seen: list[tuple[int, float]] = []  # (prompt length at turn 1, temperature)
+
+    def generate(self, prompt_ids, sampling):
+        self.seen += [(p.count(self.tok.eos_token_id), sampling.temperature) for p in prompt_ids]
+        return super().generate(prompt_ids, sampling)
+
+
+def test_each_episode_row_carries_its_own_sampling_temperature(tiny):
+    """Seed 001: a list of temperatures is cycled over each group; row i's temperature is the one its
+    episode was sampled at (the module computes log-probs at it)."""
+    tok = tiny[1]
+    engine = TemperatureRecordingEngine(tok)
+    settings = EpisodeSettings(group_size=3, temperatures=[0.7, 1.3], token_budget=400, turn_cap=16)
+    rb = EpisodeCollector(tok, engine, TrackingFactory(), settings).collect(
+        [{"uid": "a", "seed": 1}, {"uid": "b", "seed": 2}], step=0
+    )
+    expected = [0.7, 1.3, 0.7] * 2
+    assert rb.temperatures is not None and rb.temperatures.dtype == torch.float32
+    torch.testing.assert_close(rb.temperatures, torch.tensor(expected))
+    assert [e.temperature for e in rb.episodes] == pytest.approx(expected)
+    # the engine really sampled every first turn at those temperatures (one call per temperature)
+    firsts = sorted(t for n_eos, t in engine.seen if n_eos == 2)
+    assert firsts == pytest.approx(sorted(expected))
+
+
 def test_assembled_batch_reproduces_the_sampling_log_probs(tiny):
     """Teacher forcing the packed sequences (observations attended) gives the engine's log-probs."""
     model, tok = tiny
@@ -140,8 +170,7 @@ def test_seed_datamodule_is_deterministic_list_batches():
 
 
 def _compose(*overrides):
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base=None):
-        return compose(config_name="train", overrides=["experiment=mlgym_grpo", *overrides])
+    return compose_job(["experiment=mlgym_grpo", *overrides], CONFIGS)
 
 
 def test_factory_builds_the_local_collector_from_config(tiny):
@@ -149,7 +178,7 @@ def test_factory_builds_the_local_collector_from_config(tiny):
     collector = make_episode_collector(cfg, tiny[1], ScriptedEngine(tiny[1]), module=None)
     s = collector.settings
     assert (s.group_size, s.token_budget, s.turn_cap, s.temperatures, s.baseline) == (
-        cfg.rollout.n,
+        cfg.sampling.n_generations_per_prompt,
         cfg.env.token_budget,
         cfg.env.turn_cap,
         [0.5, 1.0],

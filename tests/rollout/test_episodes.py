@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from src.envs import LocalGameConfig, LocalGameEnv
 from src.rollout.engine import Completions, HFGenerateEngine, SamplingParams
-from src.rollout.envs import LocalGameConfig, LocalGameEnv
-from src.rollout.episode_prompts import EpisodeTemplates, action_from_text, stop_token_ids
-from src.rollout.episodes import collect_groups, group_temperatures, observation_tokens, run_episodes
+from src.rollout.episodes.loop import collect_groups, group_temperatures, observation_tokens, run_episodes
+from src.rollout.episodes.prompts import EpisodeTemplates, action_from_text, stop_token_ids
 
 ALWAYS_ZERO = "cat > strategy.py << 'EOF'\ndef row_strategy(history):\n    return 0\nEOF"
 

@@ -1,6 +1,6 @@
 import pytest
 
-from src.rollout.rlvcr_format import (
+from src.rollout.rlvcr.format import (
     action_span,
     format_penalty,
     format_step,

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import math
+
 import pytest
 import torch
 
-import src.rollout.rlvcr as rlvcr
-from src.models.rlvcr_advantage import make_level_scores
+import src.rollout.rlvcr.augment as rlvcr
+from src.algorithms.rlvcr_advantage import make_level_scores
 from src.rollout.batch import RolloutBatch, assemble_sequences
 from src.rollout.engine import HFGenerateEngine
-from src.rollout.episode_prompts import action_from_text
-from src.rollout.episodes import Episode, StepRecord
-from src.rollout.rlvcr import (
+from src.rollout.episodes.loop import Episode, StepRecord
+from src.rollout.episodes.prompts import action_from_text
+from src.rollout.rlvcr.augment import (
     RlvcrAugmenter,
     RlvcrCollector,
     RlvcrSettings,
@@ -21,6 +22,7 @@ from src.rollout.rlvcr import (
     scatter_step_advantages,
     settings_from_algorithm,
 )
+from src.rollout.rlvcr.format import parse_step
 
 
 # ---------------------------------------------------------------------------- pure parts
@@ -114,6 +116,7 @@ def test_settings_from_algorithm_maps_config_keys():
     ) == (0.5, 0.2, 32.0, "neg_entropy", "group_mean", 0.1, 8, 1e-5)
     with pytest.raises(ValueError, match="qualify"):
         RlvcrSettings(qualify="nope")
+    assert RlvcrSettings().mode == settings_from_algorithm({}).mode == "neg_entropy"  # seed 002: entropy
 
 
 # ---------------------------------------------------------------------------- augmenter, real model
@@ -169,7 +172,7 @@ def make_batch(tok, episodes, uids) -> RolloutBatch:
         resp[i, : len(e.response_ids)] = torch.tensor(e.response_ids)
         rmask[i, : len(e.response_mask)] = torch.tensor(e.response_mask)
     ids, attn = assemble_sequences([e.prompt_ids for e in episodes], resp, rmask, tok.pad_token_id)
-    batch = RolloutBatch(
+    return RolloutBatch(
         input_ids=ids,
         attention_mask=attn,
         response_mask=rmask,
@@ -177,9 +180,12 @@ def make_batch(tok, episodes, uids) -> RolloutBatch:
         uids=uids,
         rollout_log_probs=torch.zeros(rmask.shape),
         rows=[{"step": 0} for _ in episodes],
+        episodes=episodes,
     )
-    batch.episodes = episodes
-    return batch
+
+
+def _is_slice(part: list[int], whole: list[int]) -> bool:
+    return any(whole[i : i + len(part)] == part for i in range(len(whole) - len(part) + 1))
 
 
 class CountingEngine(HFGenerateEngine):
@@ -251,7 +257,10 @@ def test_token_advantages_land_on_step_tokens(setup, monkeypatch):
     for g, (e, j) in zip(groups, qualifying):
         ep, st_ = episodes[e], episodes[e].steps[j]
         assert list(g.history_ids) == ep.prompt_ids + ep.response_ids[: st_.action_start]
-        assert list(g.action_ids) == enc(rlvcr.parse_step(st_.generated_text).action)
+        turn = ep.response_ids[st_.action_start : st_.action_end]
+        assert list(g.action_ids) == enc(parse_step(st_.generated_text).action)  # no drift in this text
+        assert _is_slice(list(g.action_ids), turn)  # ... and they are the generated ids
+        assert list(g.action_prefix_ids) == enc("<action>")
         assert list(g.thinking_ids[0]) == enc("<level>1</level>")
     assert list(groups[0].thinking_ids[1]) == enc("<level>2</level><think>check the file</think>")
 
@@ -326,7 +335,7 @@ def test_collector_wrapper_augments_inner_batch(setup, monkeypatch):
 def test_missing_episodes_is_a_clear_error(setup):
     model, tok, episodes, uids = setup
     batch = make_batch(tok, episodes, uids)
-    del batch.episodes
+    batch.episodes = None
     aug = RlvcrAugmenter(
         tok, HFGenerateEngine(model, tok.pad_token_id, [tok.eos_token_id]), model, RlvcrSettings()
     )
@@ -346,8 +355,8 @@ def test_score_malformed_steps_scores_them_as_level_1(setup, monkeypatch):
 
 
 def test_scored_step_rules():
-    from src.rollout.rlvcr import scored_step
-    from src.rollout.rlvcr_format import parse_step
+    from src.rollout.rlvcr.augment import scored_step
+    from src.rollout.rlvcr.format import parse_step
 
     assert scored_step(parse_step(GOOD_2), "x", False) == (2, "check the file", "cat strategy.py")
     assert scored_step(parse_step(BAD), BAD, False) == (None, "", "")
@@ -357,7 +366,7 @@ def test_scored_step_rules():
 
 
 def test_rlvcr_templates_ask_for_the_step_format():
-    from src.rollout.rlvcr import rlvcr_episode_templates
+    from src.rollout.rlvcr.augment import rlvcr_episode_templates
 
     t = rlvcr_episode_templates()
     assert "<level>k</level>" in t.system and "{observation}" in t.next_step
@@ -407,19 +416,15 @@ def test_generation_prompt_keeps_history_ids(setup, monkeypatch):
 def test_factory_wraps_the_episode_collector_for_rlvcr(tiny):
     from pathlib import Path
 
-    from hydra import compose, initialize_config_dir
-
-    from src.rollout.episode_collector import EpisodeCollector
-    from src.rollout.episode_factory import make_episode_collector
+    from src.config.compose import compose_job
+    from src.rollout.episodes.collector import EpisodeCollector
+    from src.rollout.episodes.factory import make_episode_collector
 
     model, tok = tiny
     configs = Path(__file__).resolve().parents[2] / "configs"
-    with initialize_config_dir(config_dir=str(configs), version_base=None):
-        cfg = compose(config_name="train", overrides=["experiment=rlvcr"])
-        plain = compose(
-            config_name="train", overrides=["experiment=rlvcr", "algorithm=grpo", "env.step_format=plain"]
-        )
-        bad = compose(config_name="train", overrides=["experiment=rlvcr", "env.step_format=fancy"])
+    cfg = compose_job(["experiment=rlvcr"], configs)
+    plain = compose_job(["experiment=rlvcr", "algorithm=grpo", "env.step_format=plain"], configs)
+    bad = compose_job(["experiment=rlvcr", "env.step_format=fancy"], configs)
 
     class Module:
         actor = model
@@ -434,3 +439,59 @@ def test_factory_wraps_the_episode_collector_for_rlvcr(tiny):
     assert isinstance(inner, EpisodeCollector) and "<level>" not in inner.templates.system
     with pytest.raises(ValueError, match="step_format"):
         make_episode_collector(bad, tok, engine, Module())
+
+
+def test_scoring_uses_the_generated_action_ids_not_a_re_encoding(setup, monkeypatch):
+    """Token drift: the turn spells ``cat`` as three generated ids; decode -> encode would give one.
+    The scorer must see the generated ids, after the ``<action>`` tag."""
+    model, tok, _, _ = setup
+    enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+    vocab = tok.get_vocab()
+    spelled = [vocab["c"], vocab["a"], vocab["t"]] + enc(" strategy.py")
+    canonical = enc("cat strategy.py")
+    assert spelled != canonical and tok.decode(spelled) == tok.decode(canonical)  # a real drift case
+    head = enc("<level>2</level><think>check the file</think><action>")
+    episode = build_episode(tok, [GOOD_1], reward=1.0)
+    episode.response_ids = head + spelled + enc("</action>") + [tok.eos_token_id]
+    episode.response_mask = [1] * len(episode.response_ids)
+    episode.steps[0].action_end = len(episode.response_ids)
+    episode.steps[0].action_text = "cat strategy.py"
+    batch, _, rec, _ = run_augmenter((model, tok, [episode], ["a"]), monkeypatch, qualify="all")
+    (group,) = rec["groups"]
+    assert list(group.action_ids) == spelled
+    assert list(group.action_prefix_ids) == enc("<action>")
+    assert batch.token_advantages.shape == batch.response_mask.shape
+
+
+class _PieceTokenizer:
+    """A tokenizer over fixed string pieces: decode joins them (BPE merges across a tag, simulated)."""
+
+    def __init__(self, pieces):
+        self.pieces = list(pieces)
+
+    def decode(self, ids, skip_special_tokens=False):
+        return "".join(self.pieces[i] for i in ids)
+
+    def encode(self, text):
+        return [self.pieces.index(text)] if text in self.pieces else [-1]
+
+
+def test_action_tokens_when_the_first_token_holds_the_end_of_the_tag():
+    from src.rollout.rlvcr.steps import decode_with_offsets, generated_action_tokens
+
+    tok = _PieceTokenizer(["<level>1</level>", "<action", ">ls", " -la", "</action>", "<eos>"])
+    turn = [0, 1, 2, 3, 4, 5]
+    text, offsets = decode_with_offsets(tok, turn, drop_ids={5})
+    assert text == "<level>1</level><action>ls -la</action>" and offsets[5][0] == offsets[5][1]
+    got = generated_action_tokens(text, offsets, turn, "ls -la", tok.encode)
+    assert got.action_ids == [2, 3] and (got.start, got.end) == (2, 4)
+    assert got.prefix_ids == tok.encode("<action")  # prefix + action ids spell the generated text
+    # a first action token that reaches back before the tag cannot be scored after a prefix
+    tok2 = _PieceTokenizer(["<level>1</level><action>ls", " -la", "</action>"])
+    text2, offsets2 = decode_with_offsets(tok2, [0, 1, 2], drop_ids=set())
+    assert generated_action_tokens(text2, offsets2, [0, 1, 2], "ls -la", tok2.encode) is None
+    # no tag at all (a malformed step scored by the command the env ran): the tag is the prefix
+    tok3 = _PieceTokenizer(["just", " ls", "<action>"])
+    text3, offsets3 = decode_with_offsets(tok3, [0, 1], drop_ids=set())
+    got3 = generated_action_tokens(text3, offsets3, [0, 1], "ls", tok3.encode)
+    assert got3.action_ids == [1] and got3.prefix_ids == [2]

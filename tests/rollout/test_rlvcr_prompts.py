@@ -1,7 +1,7 @@
 import pytest
 
-from src.rollout.rlvcr_format import parse_step
-from src.rollout.rlvcr_prompts import (
+from src.rollout.rlvcr.format import parse_step
+from src.rollout.rlvcr.prompts import (
     LEVEL_INSTRUCTIONS,
     build_level_prompt,
     extract_level_thinking,

@@ -2,7 +2,7 @@ import pytest
 import torch
 import transformers
 
-from src.rollout.rlvcr_scoring import ScoringGroup, score_level_groups, score_levels
+from src.rollout.rlvcr.scoring import ScoringGroup, score_level_groups, score_levels
 
 PAD = 0
 ACTION_TAG = [5, 6]

@@ -10,13 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from src.envs.registry import make_env
 from src.rollout.engine import Completions
-from src.rollout.envs.registry import make_env
-from src.rollout.episode_prompts import action_from_text, stop_token_ids
-from src.rollout.episodes import run_episodes
-from src.rollout.rlvcr import rlvcr_episode_templates
-from src.rollout.rlvcr_format import LEVELS, parse_step
-from src.rollout.scripted_agent import (
+from src.rollout.episodes.loop import run_episodes
+from src.rollout.episodes.prompts import action_from_text, stop_token_ids
+from src.rollout.episodes.scripted_agent import (
     IGNORE_INDEX,
     KIND_LEVELS,
     SUBMIT,
@@ -27,6 +25,8 @@ from src.rollout.scripted_agent import (
     scripted_episodes,
     thinking_for,
 )
+from src.rollout.rlvcr.augment import rlvcr_episode_templates
+from src.rollout.rlvcr.format import LEVELS, parse_step
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = functools.partial(
@@ -216,15 +216,13 @@ def test_sft_example_labels_only_the_steps(episodes):
 
 # ------------------------------------------------------------------ the warm start's data and schedule
 def test_episode_sft_examples_from_the_rlvcr_experiment(tok, tmp_path):
-    from hydra import compose, initialize_config_dir
+    from src.config.compose import compose_job
+    from src.jobs.sft import episode_sft_examples
 
-    from src.sft import episode_sft_examples
-
-    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
-        cfg = compose(
-            "train",
-            overrides=["experiment=rlvcr", "sft.episodes=3", f"run_dir={tmp_path}", f"cache_dir={tmp_path}"],
-        )
+    cfg = compose_job(
+        ["experiment=rlvcr", "sft.episodes=3", f"run_dir={tmp_path}", f"cache_dir={tmp_path}"],
+        REPO / "configs",
+    )
     assert cfg.model.warm_start == "rlvcr_sft" and cfg.algorithm.rlvcr_score_malformed_steps is False
     examples = episode_sft_examples(cfg, tok)
     assert len(examples) == 3
@@ -235,7 +233,7 @@ def test_episode_sft_examples_from_the_rlvcr_experiment(tok, tmp_path):
 
 
 def test_warmup_cosine_schedule():
-    from src.sft import warmup_cosine
+    from src.jobs.sft import warmup_cosine
 
     total = 200
     m = [warmup_cosine(s, total) for s in range(total + 5)]

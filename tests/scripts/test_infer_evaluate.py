@@ -1,4 +1,4 @@
-"""scripts/infer.py and scripts/evaluate.py on a real (2-step) router run, and src.inference."""
+"""scripts/infer.py and scripts/evaluate.py on a real (2-step) router run, and src.jobs.inference."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def test_parquet(router_run):
     """The synthetic test split of the run's data (resolved from its manifest config)."""
     import yaml
 
-    from src.train import data_files
+    from src.jobs.build import data_files
 
     manifest = yaml.safe_load((router_run / "checkpoints" / "manifest.yaml").read_text())
     return data_files(OmegaConf.create(manifest["config"]))[1][0]
@@ -130,7 +130,7 @@ def test_evaluate_summary_and_rows(router_run, test_parquet, tmp_path):
 
 def test_load_router_policy_restores_checkpoint_weights(router_run):
     from src.datamodules.synthetic import TOOLS, build_system_prompt, build_user_turn
-    from src.inference import load_router_policy
+    from src.jobs.inference import load_router_policy
 
     policy = load_router_policy(router_run, device="cpu")
     assert policy.module.reference is None and policy.has_router
@@ -149,10 +149,20 @@ def test_load_router_policy_restores_checkpoint_weights(router_run):
     result = policy.respond(messages, max_new_tokens=4, route="search")
     assert result.route == "search" and result.response_length <= 4
     assert "**Tool Preference**" in result.messages[0]["content"]
+    # with ground truths the answer is scored by the collector's scorer: reward parts and weak label
+    from src.rewards.dispatch import score
+
+    truth = '<tool_call>\n{"name": "calculator", "parameters": {"expression": "3*7"}}\n</tool_call>'
+    (scored,) = policy.respond_batch([messages], ["rlla"], max_new_tokens=4, ground_truths=[truth])
+    assert scored.weak_label == "CALCULATE" and scored.route in ROUTES
+    expected = score("rlla", scored.response, truth, step=0, config=policy.reward_config)
+    assert scored.reward == expected and "reward" not in result.to_dict()
+    with pytest.raises(ValueError, match="ground truths"):
+        policy.respond_batch([messages], ["rlla"], ground_truths=[truth, truth])
 
 
 def test_parse_tool_calls_names_parameters_and_unreadable_lines():
-    from src.inference import parse_tool_calls
+    from src.jobs.inference import parse_tool_calls
 
     text = (
         '<think> a <tool_call> quoted </think>\n<tool_call>\n{"name": "calculator", "parameters": {"expression": "1+2"}}\n'

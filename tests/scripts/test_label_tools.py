@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from src.rewards.tool_families import FAMILIES, ToolFamilies, label_tool, tool_descriptions, weak_label
+from src.formats.tools_block import tool_descriptions
+from src.router.families import FAMILIES, ToolFamilies, label_tool
+from src.router.labels import weak_label
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "label_tools.py"

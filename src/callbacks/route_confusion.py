@@ -1,0 +1,50 @@
+"""Weak label × route confusion of the training rollouts, written to TensorBoard as text
+(``train/route_confusion``) every N steps, over the rollouts since the last write."""
+
+from __future__ import annotations
+
+import logging
+
+import lightning.pytorch as pl
+
+from src.rollout.metrics import confusion_markdown, route_accuracy, route_confusion
+
+log = logging.getLogger(__name__)
+
+TAG = "train/route_confusion"
+
+
+class RouteConfusionLogger(pl.Callback):
+    def __init__(self, every_n_steps: int = 50):
+        self.every = max(int(every_n_steps), 1)
+        self.labels: list[str] = []
+        self.routes: list[str] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        rb = getattr(pl_module, "last_rollout", None)
+        if rb is None or not rb.rows or "weak_label" not in rb.rows[0]:
+            return
+        self.labels += [r["weak_label"] for r in rb.rows]
+        self.routes += [r["route"] for r in rb.rows]
+        step = trainer.global_step
+        if step % self.every == 0 or step == trainer.max_steps:
+            self._write(trainer, step)
+
+    def _write(self, trainer, step: int) -> None:
+        if not trainer.is_global_zero or not self.labels:
+            return
+        text = confusion_markdown(route_confusion(self.labels, self.routes))
+        acc_answer, acc_family = route_accuracy(self.labels, self.routes)
+        header = (
+            f"steps up to {step}, {len(self.labels)} rollouts: "
+            f"route_acc_answer {_fmt(acc_answer)}, route_acc_family {_fmt(acc_family)}\n\n"
+        )
+        experiment = getattr(trainer.logger, "experiment", None)
+        if hasattr(experiment, "add_text"):
+            experiment.add_text(TAG, header + text, global_step=step)
+        log.info("route confusion (weak label x route) %s\n%s", header.strip(), text)
+        self.labels, self.routes = [], []
+
+
+def _fmt(accuracy: float | None) -> str:
+    return "n/a" if accuracy is None else f"{accuracy:.3f}"  # None: no rollout to measure

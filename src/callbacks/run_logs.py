@@ -1,0 +1,104 @@
+"""A run directory's append-only logs, cut back to a checkpoint before a resume continues them.
+
+A run killed after its last checkpoint has logged steps that the resumed run will run again.
+Rather than leave two versions of those steps (TensorBoard event files are append-only, and
+plain readers would show both), the resume first removes everything logged from the resume
+point on: TensorBoard events at logger steps >= ``tb_step`` and rollout files of steps >=
+``rollout_step``. The resumed run then writes those steps once. Everything before the resume
+point, the killed run's points and rows, is kept as written. Leftover temporary files of saves
+cut short by a kill are removed at start-up.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from pathlib import Path
+
+__all__ = [
+    "existing_run_artefacts",
+    "remove_interrupted_writes",
+    "truncate_event_file",
+    "truncate_rollouts",
+    "truncate_tensorboard",
+]
+
+log = logging.getLogger(__name__)
+
+_ROLLOUT_FILE = re.compile(r"step_(\d+)\.parquet")
+# AtomicCheckpointIO's ".<name>.<random>.tmp", the manifest's and the rollout logger's "<name>.tmp"
+_TMP_GLOBS = ("*.tmp", ".*.tmp")
+
+
+def remove_interrupted_writes(run_dir: str | os.PathLike) -> list[Path]:
+    """Delete temporary files of interrupted atomic writes under checkpoints/, rollouts/, tensorboard/."""
+    removed = []
+    for sub in ("checkpoints", "rollouts", "tensorboard"):
+        folder = Path(run_dir) / sub
+        if not folder.is_dir():
+            continue
+        for path in sorted({p for pattern in _TMP_GLOBS for p in folder.glob(pattern)}):
+            if path.is_file():
+                path.unlink()
+                removed.append(path)
+    if removed:
+        log.warning("removed %d temporary files of interrupted writes, e.g. %s", len(removed), removed[0])
+    return removed
+
+
+def existing_run_artefacts(run_dir: str | os.PathLike) -> list[Path]:
+    """Checkpoints, rollout files and event files already in ``run_dir`` (a run was started there)."""
+    run_dir = Path(run_dir)
+    found = [
+        *sorted((run_dir / "checkpoints").glob("*.ckpt")),
+        *sorted((run_dir / "rollouts").glob("step_*.parquet")),
+        *sorted((run_dir / "tensorboard").glob("events.out.tfevents.*")),
+    ]
+    return found
+
+
+def truncate_rollouts(rollout_dir: str | os.PathLike, keep_below: int) -> int:
+    """Delete ``step_XXXXXXXX.parquet`` files of steps >= ``keep_below``. Returns how many."""
+    dropped = 0
+    for path in sorted(Path(rollout_dir).glob("step_*.parquet")):
+        match = _ROLLOUT_FILE.fullmatch(path.name)
+        if match and int(match.group(1)) >= keep_below:
+            path.unlink()
+            dropped += 1
+    return dropped
+
+
+def truncate_event_file(path: str | os.PathLike, keep_below: int) -> int:
+    """Rewrite one event file without the summaries at steps >= ``keep_below`` (and without a
+    truncated last record). Returns the number of events dropped; untouched when nothing goes."""
+    from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
+    from tensorboard.compat.proto.event_pb2 import Event
+    from tensorboard.summary.writer.record_writer import RecordWriter
+
+    path = Path(path)
+    records = list(RawEventFileLoader(str(path)).Load())  # stops at a record cut short by a kill
+    kept = [r for r in records if _keep(Event.FromString(r), keep_below)]
+    framed = sum(len(r) + 16 for r in records)  # 8 length + 4 crc + data + 4 crc per record
+    if len(kept) == len(records) and framed == path.stat().st_size:
+        return 0
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        writer = RecordWriter(f)
+        for record in kept:
+            writer.write(record)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return len(records) - len(kept)
+
+
+def _keep(event, keep_below: int) -> bool:
+    # file-version, graph and session events carry no scalars: keep them whatever their step
+    return not event.HasField("summary") or event.step < keep_below
+
+
+def truncate_tensorboard(tb_dir: str | os.PathLike, keep_below: int) -> int:
+    """:func:`truncate_event_file` on every event file of ``tb_dir``. Returns events dropped."""
+    files = sorted(Path(tb_dir).glob("events.out.tfevents.*"))
+    return sum(truncate_event_file(f, keep_below) for f in files)

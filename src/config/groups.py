@@ -1,0 +1,140 @@
+"""Schemas of the job's fixed-shape groups: model, algorithm (+optim), rollout, router, reward, trainer, sft.
+
+Each is the structured config of its group in ``configs/<group>/*.yaml``: a key a schema does not
+declare, or a value of the wrong type, fails when the config is composed, naming the key.
+"""
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from src.config.schema import AlgorithmConfig, OptimConfig, RouterHeadConfig
+
+
+# ---------------------------------------------------------------------------- model
+@dataclass
+class TinySpecConfig:
+    """The embedded default's shape (mirrors ``src.models.tiny.TinyModelSpec``)."""
+
+    vocab_size: int = 4096
+    hidden_size: int = 128
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    intermediate_size: int = 256
+    max_position_embeddings: int = 2048
+    seed: int = 0
+    corpus_rows: int = 2000
+
+
+@dataclass
+class LoraConfig:
+    """Mirrors ``src.models.loading.LoraSettings``."""
+
+    enable: bool = False
+    r: int = 8
+    alpha: int = 16
+    dropout: float = 0.0
+    target_modules: List[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+
+
+@dataclass
+class ModelConfig:
+    path: str = "tiny"  # "tiny" (the embedded default) or a local Hugging Face model directory
+    dtype: str = "float32"
+    gradient_checkpointing: bool = False
+    warm_start: Optional[str] = None  # null | sft | rlvcr_sft
+    tiny: TinySpecConfig = field(default_factory=TinySpecConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+
+
+# ---------------------------------------------------------------------------- algorithm
+@dataclass
+class AlgorithmGroupConfig(AlgorithmConfig):
+    """The ``algorithm`` group: the loss settings, their optimizer, and the RLVCR augmenter's keys."""
+
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    rlvcr_qualify: str = "threshold"
+    rlvcr_qualify_threshold: float = 0.0
+    rlvcr_format_penalty: float = 0.0
+    rlvcr_think_max_new_tokens: int = 64
+    rlvcr_think_temperature: float = 1.0
+    rlvcr_think_top_p: float = 1.0
+    rlvcr_score_max_rows: Optional[int] = None
+    rlvcr_allow_unclosed_action: bool = True
+    rlvcr_score_malformed_steps: bool = False
+
+
+# ---------------------------------------------------------------------------- rollout
+@dataclass
+class RolloutConfig:
+    """``engine`` names one of ``engines``; each engine node is built with Hydra ``instantiate``
+    (its ``_target_`` plus the module, tokenizer, model path and ``micro_batch_size``)."""
+
+    engine: str = "hf"
+    micro_batch_size: int = 64  # prompts x samples per generate call (HF engine)
+    engines: Dict[str, Any] = field(default_factory=dict)
+    workers: int = 0  # > 0: that many Ray rollout workers feed the replay buffer asynchronously
+    weight_sync_every: int = 1  # steps between weight pushes to the workers
+    ray_address: Optional[str] = None  # join a running Ray cluster; None starts a local one
+
+
+# ---------------------------------------------------------------------------- router
+@dataclass
+class RouterConfig(RouterHeadConfig):
+    """The ``router`` group: the head (``RouterHeadConfig``), route sampling, cost and the budget's λ."""
+
+    sample: bool = True
+    prompt_mode: str = "emphasis"  # emphasis | only_family
+    actor_reward: str = "task"  # task | router
+    budget: float = 0.3  # B: allowed mean tool cost per rollout
+    lambda_lr: float = 0.5  # dual learning rate
+    lambda_every_k: int = 1
+    lambda_max: Optional[float] = None
+    cost: str = "any_tool"  # any_tool | per_family | per_call
+    cost_weights: Dict[str, float] = field(default_factory=dict)
+    families_sidecar: Optional[str] = None
+
+
+# ---------------------------------------------------------------------------- reward
+@dataclass
+class RewardGroupConfig:
+    """ToolRL reward variants (mirrors ``src.rewards.types.RewardConfig``; all off = the default reward)."""
+
+    with_length: bool = False
+    schedule_length: bool = False
+    correct_max1: bool = False
+    max1_step30_max3: bool = False
+    schedule_reward: bool = False
+    refined: bool = False
+    coarse: bool = False
+    intermediate: bool = False
+
+
+# ---------------------------------------------------------------------------- trainer / sft
+@dataclass
+class TrainerConfig:
+    max_steps: int = 20
+    save_freq: int = 10  # checkpoint every N global steps (and on exception / Ctrl-C)
+    accelerator: str = "cpu"
+    devices: int = 1
+    num_nodes: int = 1
+    strategy: str = "auto"  # auto | ddp | fsdp | deepspeed_stage_2 | deepspeed_stage_3
+    precision: str = "32-true"
+    log_every_n_steps: int = 1
+    val_check_interval: Optional[int] = None  # validate every N steps (with limit_val_batches > 0)
+    limit_val_batches: int = 0
+
+
+@dataclass
+class SftConfig:
+    """Supervised fine-tuning (``experiment=sft`` and the cached warm starts)."""
+
+    max_steps: int = 300
+    batch_size: int = 16
+    lr: float = 2.0e-3
+    max_length: int = 768
+    route_augment: bool = False
+    lr_decay: bool = False
+    log_every: int = 25  # log "SFT step i/N loss ETA" every N steps
+    episodes: int = 96  # rlvcr_sft: scripted episodes recorded
+    episode_workers: int = 2

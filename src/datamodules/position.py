@@ -1,0 +1,108 @@
+"""Where a run stands in its training data: a seeded per-epoch order that can restart mid-epoch.
+
+A resumed run must see exactly the prompts the uninterrupted run would have seen next. The
+order of epoch e is a permutation drawn from (seed, e); the position inside it is the number of
+records the trainer has consumed this epoch, taken from Lightning's batch counter (restored
+from the checkpoint), not from the loader's iterator, which runs one batch ahead (prefetch).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils.data import Sampler
+
+__all__ = ["DataPosition", "EpochSeededSampler", "batches_done_in_epoch", "train_position"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DataPosition:
+    """``position`` records of epoch ``epoch``'s order (seeded by ``seed``) are consumed."""
+
+    seed: int
+    epoch: int
+    position: int = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"seed": self.seed, "epoch": self.epoch, "position": self.position}
+
+    @classmethod
+    def from_state_dict(cls, state: dict[str, Any], where: str) -> DataPosition:
+        missing = [k for k in ("seed", "epoch") if k not in state]
+        if missing:
+            raise KeyError(f"{where}: data position state lacks {missing} (got keys {sorted(state)})")
+        if "position" not in state:
+            log.warning(
+                "%s: checkpoint has no data position (older format): epoch %s restarts from its first batch",
+                where,
+                state["epoch"],
+            )
+        position = int(state.get("position", 0))
+        if position < 0:
+            raise ValueError(f"{where}: data position must be >= 0, got {position}")
+        return cls(int(state["seed"]), int(state["epoch"]), position)
+
+
+class EpochSeededSampler(Sampler[int]):
+    """Permutation of range(n) drawn from (seed, epoch): reproducible order, new each epoch.
+
+    Lightning calls ``set_epoch`` before each epoch. ``resume_at(epoch, start)`` makes the
+    iteration of that epoch begin at index ``start`` of its permutation (the records before it
+    were consumed before the interruption); other epochs are whole. ``len`` stays ``n`` so that
+    Lightning's per-epoch batch count, which it restores to the consumed batches, still ends the
+    epoch at the right batch.
+    """
+
+    def __init__(self, n: int, seed: int, shuffle: bool = True):
+        self.n, self.seed, self.shuffle, self.epoch = n, seed, shuffle, 0
+        self._resume: tuple[int, int] | None = None
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def resume_at(self, epoch: int, start: int) -> None:
+        if not 0 <= start <= self.n:
+            raise ValueError(f"resume position {start} outside the epoch's {self.n} records")
+        self._resume = (epoch, start) if start else None
+
+    def order(self) -> list[int]:
+        """This epoch's full order of dataset indices."""
+        if not self.shuffle:
+            return list(range(self.n))
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        return torch.randperm(self.n, generator=g).tolist()
+
+    def __iter__(self) -> Iterator[int]:
+        start = self._resume[1] if self._resume and self._resume[0] == self.epoch else 0
+        return iter(self.order()[start:])
+
+    def __len__(self) -> int:
+        return self.n
+
+
+def batches_done_in_epoch(trainer: Any) -> int:
+    """Training batches of the current epoch whose step has run (0 outside ``fit``).
+
+    ``processed`` counts the batch of the step being checkpointed in ``on_train_batch_end``
+    (``completed`` is bumped only after the batch-end hooks, where the checkpoints are written).
+    """
+    loop = getattr(getattr(trainer, "fit_loop", None), "epoch_loop", None)
+    if loop is None:
+        return 0
+    return int(loop.batch_progress.current.processed)
+
+
+def train_position(
+    sampler: EpochSeededSampler | None, restored: DataPosition | None, seed: int, batch_size: int, trainer
+) -> dict[str, int]:
+    """The state dict of a datamodule serving ``sampler`` in batches of ``batch_size``."""
+    if sampler is None:  # no loader yet: what was restored (or the start) is still the position
+        return (restored or DataPosition(seed, 0)).state_dict()
+    position = min(batches_done_in_epoch(trainer) * batch_size, sampler.n)
+    return DataPosition(seed, sampler.epoch, position).state_dict()

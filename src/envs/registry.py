@@ -1,0 +1,28 @@
+"""``make_env(env_id, **kwargs)``: build an ``EpisodeEnv`` from an id.
+
+* ``local/<game>``: ``LocalGameEnv`` for ``battle_of_sexes`` or ``prisoners_dilemma`` (MLGym's
+  spellings ``battleOfSexes`` / ``prisonersDilemma`` work too); kwargs are ``LocalGameConfig`` fields.
+* ``mlgym/<task>``: ``MLGymAdapter`` for the real MLGym task; kwargs go to its constructor.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from src.envs.base import EpisodeEnv
+
+_PREFIXES = ("local", "mlgym")
+
+
+def make_env(env_id: str, **kwargs: Any) -> EpisodeEnv:
+    """Build the environment named ``env_id`` (``<backend>/<task>``); bad ids raise ValueError/KeyError."""
+    backend, sep, task = env_id.partition("/")
+    if not sep or not task or backend not in _PREFIXES:
+        raise ValueError(f"env id {env_id!r} must look like 'local/<game>' or 'mlgym/<task>'")
+    if backend == "local":
+        from src.envs.local_game import LocalGameConfig, LocalGameEnv
+
+        return LocalGameEnv(LocalGameConfig(game=task, **kwargs))
+    from src.envs.mlgym_adapter import MLGymAdapter  # lazy: MLGym is optional
+
+    return MLGymAdapter(task, **kwargs)

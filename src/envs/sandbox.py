@@ -1,0 +1,296 @@
+"""Run an agent's shell command, or the agent's code, inside a confinement tool.
+
+The boundary (built by bubblewrap or by util-linux ``unshare``; ``SandboxConfig.confinement``
+picks one, ``auto`` prefers bwrap; see ``sandbox_backends`` and ``sandbox_mounts``):
+
+* file system: only the episode's workspace is writable. Readable, read-only: ``/usr`` and the
+  ``/bin``/``/lib*`` links, the dynamic linker's config, ``/etc/alternatives``, and the Python
+  installation (``sys.base_prefix``). Not the repository, the venv, ``/work``, ``/root``,
+  ``/home``, the host's ``/tmp`` or the rest of ``/etc``. ``/tmp`` is a private size-capped tmpfs.
+* no network: a fresh network namespace whose loopback is not the host's.
+* no privileges: as root, the command runs as an unprivileged uid of its own (derived from the
+  workspace path), with every capability dropped and ``no_new_privs``.
+* limits per process: processes of that uid (``max_processes``), address space (``memory_mb``),
+  file size (``file_size_mb``), CPU seconds (``cpu_time_s``), no core files.
+* lifetime: a PID namespace; when the command ends or times out the namespace's init dies and
+  the kernel kills every descendant, including ones that called ``setsid``. The runner waits for
+  that before returning.
+* environment: scrubbed to PATH, HOME/TMPDIR (the workspace) and a UTF-8 locale; output merged,
+  drained continuously, and cut to its head and tail (``max_output_chars``).
+
+What it is not: not a defence against kernel exploits (the kernel is shared; no seccomp filter);
+CPU and memory are per-process limits, not a cgroup, so a bounded number of processes can still
+use that many times the limit until the step's timeout; the Python installation's own
+site-packages are readable. If neither tool works, ``resolve_backend`` raises
+``SandboxUnavailableError`` at start-up: nothing ever runs unconfined.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import signal
+import subprocess
+import tempfile
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import src.envs.sandbox_backends as backends
+from src.envs.sandbox_mounts import build_plan, sandbox_python
+from src.envs.sandbox_output import CappedReader, assemble, truncate_middle
+
+__all__ = [
+    "SandboxConfig",
+    "SandboxResult",
+    "SandboxUnavailableError",
+    "resolve_backend",
+    "run_command",
+    "run_process",
+    "sandbox_python",
+    "truncate_middle",
+]
+
+_BASH = "/bin/bash"
+_UID_BASE, _UID_SPAN = 2_000_000, 1_000_000  # far above real users and the usual subuid ranges
+
+
+class SandboxUnavailableError(RuntimeError):
+    """No confinement tool is usable; raised at start-up instead of running anything unconfined."""
+
+
+@dataclass(frozen=True)
+class SandboxConfig:
+    """Limits for one command; ``cpu_time_s=None`` means ``ceil(timeout_s) + 1``."""
+
+    timeout_s: float = 10.0
+    max_output_chars: int = 1000
+    memory_mb: int = 4096
+    file_size_mb: int = 64
+    max_processes: int = 64
+    cpu_time_s: int | None = None
+    tmp_size_mb: int = 64
+    confinement: str = "auto"  # auto | bwrap | unshare
+
+    def __post_init__(self) -> None:
+        if self.timeout_s <= 0:
+            raise ValueError(f"SandboxConfig.timeout_s must be > 0, got {self.timeout_s}")
+        if self.max_output_chars < 20:
+            raise ValueError(f"SandboxConfig.max_output_chars must be >= 20, got {self.max_output_chars}")
+        for name in ("memory_mb", "file_size_mb", "max_processes", "tmp_size_mb"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"SandboxConfig.{name} must be an int >= 1, got {value!r}")
+        if self.cpu_time_s is not None and self.cpu_time_s < 1:
+            raise ValueError(f"SandboxConfig.cpu_time_s must be >= 1 or None, got {self.cpu_time_s}")
+        if self.confinement not in backends.CHOICES:
+            raise ValueError(
+                f"SandboxConfig.confinement must be one of {list(backends.CHOICES)}, got {self.confinement!r}"
+            )
+
+    def limits(self) -> backends.Limits:
+        cpu = self.cpu_time_s if self.cpu_time_s is not None else math.ceil(self.timeout_s) + 1
+        return backends.Limits(
+            max_processes=self.max_processes,
+            memory_bytes=self.memory_mb * 1024 * 1024,
+            file_size_bytes=self.file_size_mb * 1024 * 1024,
+            cpu_seconds=cpu,
+        )
+
+
+@dataclass(frozen=True)
+class SandboxResult:
+    """Outcome of one command: merged output (already truncated), exit code, whether it was killed."""
+
+    output: str
+    exit_code: int | None  # None when killed by the timeout
+    timed_out: bool
+    truncated: bool
+
+
+def scrubbed_env(workspace: Path) -> dict[str, str]:
+    """Minimal environment: no inherited secrets or config variables."""
+    python_dir = os.path.dirname(sandbox_python())
+    return {
+        "PATH": f"{python_dir}:/usr/local/bin:/usr/bin:/bin",
+        "HOME": str(workspace),
+        "TMPDIR": str(workspace),
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONNOUSERSITE": "1",
+        "TERM": "dumb",
+    }
+
+
+def identity_for(workspace: Path) -> backends.SandboxIdentity:
+    """As root: an unprivileged uid/gid per workspace (so process limits are per sandbox); else None."""
+    if not backends.host_is_root():
+        return backends.SandboxIdentity(uid=None, gid=None)
+    uid = _UID_BASE + zlib.crc32(str(workspace).encode()) % _UID_SPAN
+    return backends.SandboxIdentity(uid=uid, gid=uid)
+
+
+@functools.cache
+def resolve_backend(choice: str = "auto") -> str:
+    """The backend to use for ``choice``, verified by running ``/bin/true`` in a real sandbox once.
+
+    Raises ``SandboxUnavailableError`` naming what is missing and how to install it.
+    """
+    if choice not in backends.CHOICES:
+        raise ValueError(f"confinement must be one of {list(backends.CHOICES)}, got {choice!r}")
+    candidates = backends.BACKENDS if choice == "auto" else (choice,)
+    problems = []
+    for backend in candidates:
+        problem = _probe(backend)
+        if problem is None:
+            return backend
+        problems.append(f"{backend}: {problem}")
+    raise SandboxUnavailableError(
+        f"no usable confinement tool for confinement={choice!r} ({'; '.join(problems)}). Agent commands "
+        "never run unconfined: install bubblewrap (`make setup` does: apt-get install -y bubblewrap) "
+        "or allow Linux namespaces for util-linux `unshare`."
+    )
+
+
+def _probe(backend: str) -> str | None:
+    missing = backends.missing_tools(backend)
+    if missing:
+        return f"{', '.join(missing)} not installed"
+    with tempfile.TemporaryDirectory(prefix="sandbox-probe-") as ws:
+        config = SandboxConfig(timeout_s=20.0, confinement=backend)
+        result = _run_confined(backend, ["/bin/true"], Path(ws), config, None, ())
+    if result.exit_code != 0:
+        return f"a test run failed (exit code {result.exit_code}): {result.output.strip()[:300]}"
+    return None
+
+
+def run_process(
+    argv: list[str],
+    workspace: Path,
+    config: SandboxConfig,
+    stdin_text: str | None = None,
+    extra_ro: tuple[tuple[str, str], ...] = (),
+) -> SandboxResult:
+    """Run ``argv`` (paths as seen inside the sandbox) confined, cwd = workspace; never raises on failure.
+
+    ``extra_ro`` holds ``(host_path, sandbox_path)`` pairs mounted read-only (e.g. a runner script).
+    """
+    backend = resolve_backend(config.confinement)
+    return _run_confined(backend, argv, Path(workspace), config, stdin_text, extra_ro)
+
+
+def run_command(command: str, workspace: Path, config: SandboxConfig) -> SandboxResult:
+    """Run one shell command in a fresh non-interactive bash (state such as ``cd`` does not persist)."""
+    return run_process([_BASH, "--noprofile", "--norc", "-c", command], workspace, config)
+
+
+def _run_confined(
+    backend: str,
+    argv: list[str],
+    workspace: Path,
+    config: SandboxConfig,
+    stdin_text: str | None,
+    extra_ro: tuple[tuple[str, str], ...],
+) -> SandboxResult:
+    ws = Path(workspace).resolve()
+    identity = identity_for(ws)
+    _hand_over(ws, identity)
+    plan = build_plan(ws, config.tmp_size_mb, extra_ro)
+    inner = backends.inner_argv(identity, config.limits(), str(ws), argv)
+    if backend == "bwrap":
+        return _run(backends.bwrap_argv(plan, identity, inner), ws, config, stdin_text)
+    stage = tempfile.mkdtemp(prefix="sandbox-root-")
+    try:
+        return _run(backends.unshare_argv(plan, identity, inner, stage), ws, config, stdin_text)
+    finally:
+        os.rmdir(stage)  # the tmpfs on it lived only in the sandbox's mount namespace
+
+
+def _hand_over(ws: Path, identity: backends.SandboxIdentity) -> None:
+    """Give the sandbox uid the workspace and the files the trainer put in it (not recursive: the
+    trainer only writes top-level files; ``lchown`` so an agent's symlink is never followed)."""
+    if identity.uid is None:
+        return
+    os.chown(ws, identity.uid, identity.gid)
+    with os.scandir(ws) as entries:
+        for entry in entries:
+            if entry.stat(follow_symlinks=False).st_uid != identity.uid:
+                os.lchown(entry.path, identity.uid, identity.gid)
+
+
+def _run(argv: list[str], workspace: Path, config: SandboxConfig, stdin_text: str | None) -> SandboxResult:
+    cap = 4 * config.max_output_chars + 4096  # bytes; generous so multi-byte text survives decoding
+    proc = subprocess.Popen(
+        argv,
+        cwd="/",
+        env=scrubbed_env(workspace),
+        stdin=subprocess.PIPE if stdin_text is not None else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # new session => new process group whose id is proc.pid
+    )
+    reader = CappedReader(proc.stdout, cap)
+    reader.start()
+    _feed(proc, stdin_text)
+    timed_out = False
+    try:
+        proc.wait(timeout=config.timeout_s)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+    finally:
+        _kill_group(proc.pid)
+        proc.wait()
+        _wait_group_gone(proc.pid)
+    reader.join(timeout=2.0)
+    head = bytes(reader.head).decode("utf-8", errors="replace")
+    tail = bytes(reader.tail).decode("utf-8", errors="replace")
+    dropped = reader.total - len(reader.head) - len(reader.tail)
+    output, truncated = assemble(head, tail, dropped, config.max_output_chars)
+    return SandboxResult(
+        output=output,
+        exit_code=None if timed_out else proc.returncode,
+        timed_out=timed_out,
+        truncated=truncated,
+    )
+
+
+def _feed(proc: subprocess.Popen, stdin_text: str | None) -> None:
+    if stdin_text is None:
+        return
+    try:
+        proc.stdin.write(stdin_text.encode())
+        proc.stdin.close()
+    except BrokenPipeError:
+        pass
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass  # already gone
+
+
+def _wait_group_gone(pgid: int, limit_s: float = 5.0) -> None:
+    """Wait until no live process is left in ``pgid``. The namespace's init is in that group; once it
+    is dead (or a zombie) the kernel has already killed and reaped the rest of the namespace."""
+    deadline = time.monotonic() + limit_s
+    while _live_members(pgid) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def _live_members(pgid: int) -> bool:
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False

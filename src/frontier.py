@@ -1,0 +1,166 @@
+"""The budget frontier: mean task reward against mean tool cost on held-out prompts, for the learned
+router beside baselines at the same cost, with bootstrap 95% intervals over prompts.
+
+Input is a *route table*: one row per held-out prompt with the reward and cost the run's actor
+gets under each route (``reward_answer``, ``reward_search``, ``reward_calculate``, ``cost_*``),
+the prompt's ``weak_label`` and the router's ``learned_route``. Every policy below is then a
+per-prompt mixture of routes, so its per-prompt expected reward and cost are exact and the
+bootstrap resamples prompts only:
+
+    learned          the router's route (argmax)
+    always_answer    ANSWER everywhere
+    always_tool      a tool route everywhere, family chosen at random (prompt-independent)
+    matched_random   prompt-independent at the learned router's tool rate q: a tool route with
+                     probability q (family at random), else ANSWER
+    oracle           the weak label's route at the same tool rate: labelled tool prompts get
+                     their family with probability min(1, q·N / #labelled), the rest ANSWER
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+__all__ = ["POLICIES", "bootstrap_mean_ci", "frontier_points", "plot_frontier", "policy_values"]
+
+ROUTES = ("answer", "search", "calculate")
+POLICIES = ("learned", "matched_random", "always_answer", "always_tool", "oracle")
+_FAMILY = {"SEARCH": "search", "CALCULATE": "calculate"}
+
+
+def _check(table: pd.DataFrame) -> None:
+    need = {"weak_label", "learned_route"} | {f"{k}_{r}" for k in ("reward", "cost") for r in ROUTES}
+    missing = sorted(need - set(table.columns))
+    if missing:
+        raise ValueError(f"route table lacks columns {missing}")
+    bad = sorted(set(table["learned_route"]) - set(ROUTES))
+    if bad:
+        raise ValueError(f"route table: unknown learned_route values {bad}")
+
+
+def policy_values(table: pd.DataFrame, policy: str) -> tuple[np.ndarray, np.ndarray]:
+    """Per-prompt expected (reward [N], cost [N]) of ``policy`` (one of ``POLICIES``)."""
+    _check(table)
+    col = {k: {r: table[f"{k}_{r}"].to_numpy(float) for r in ROUTES} for k in ("reward", "cost")}
+    n = len(table)
+    q = float((table["learned_route"] != "answer").mean()) if n else 0.0
+    out = []
+    for k in ("reward", "cost"):
+        c = col[k]
+        tool = (c["search"] + c["calculate"]) / 2
+        if policy == "learned":
+            routes = table["learned_route"].to_numpy()
+            value = np.choose([ROUTES.index(r) for r in routes], [c[r] for r in ROUTES]) if n else np.zeros(0)
+        elif policy == "always_answer":
+            value = c["answer"]
+        elif policy == "always_tool":
+            value = tool
+        elif policy == "matched_random":
+            value = (1 - q) * c["answer"] + q * tool
+        elif policy == "oracle":
+            labels = table["weak_label"].to_numpy()
+            tool_labelled = np.array([label in _FAMILY for label in labels])
+            p = min(1.0, q * n / tool_labelled.sum()) if tool_labelled.any() else 0.0
+            own = np.array(
+                [c[_FAMILY[lab]][i] if lab in _FAMILY else c["answer"][i] for i, lab in enumerate(labels)]
+            )
+            value = np.where(tool_labelled, (1 - p) * c["answer"] + p * own, c["answer"])
+        else:
+            raise ValueError(f"unknown policy {policy!r}; expected one of {POLICIES}")
+        out.append(np.asarray(value, float))
+    return out[0], out[1]
+
+
+def bootstrap_mean_ci(
+    values: np.ndarray, n_boot: int = 1000, seed: int = 0, level: float = 0.95
+) -> tuple[float, float, float]:
+    """(mean, low, high): percentile bootstrap interval of the mean over resampled rows."""
+    values = np.asarray(values, float)
+    if values.size == 0:
+        return float("nan"), float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    means = values[rng.integers(0, values.size, size=(n_boot, values.size))].mean(axis=1)
+    tail = (1 - level) / 2 * 100
+    return float(values.mean()), float(np.percentile(means, tail)), float(np.percentile(means, 100 - tail))
+
+
+def frontier_points(table: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
+    """One row per policy: reward and cost means with bootstrap 95% intervals, and the tool rate
+    (the learned router's, shared by matched_random and oracle)."""
+    rows = []
+    for policy in POLICIES:
+        reward, cost = policy_values(table, policy)
+        r, r_lo, r_hi = bootstrap_mean_ci(reward, n_boot, seed)
+        c, c_lo, c_hi = bootstrap_mean_ci(cost, n_boot, seed)
+        rows.append(
+            {
+                "policy": policy,
+                "reward": r,
+                "reward_lo": r_lo,
+                "reward_hi": r_hi,
+                "cost": c,
+                "cost_lo": c_lo,
+                "cost_hi": c_hi,
+            }
+        )
+    out = pd.DataFrame(rows)
+    out["n_prompts"] = len(table)
+    out["learned_tool_rate"] = float((table["learned_route"] != "answer").mean()) if len(table) else np.nan
+    return out
+
+
+def plot_frontier(points: pd.DataFrame):
+    """Reward vs cost per budget: learned and matched random with 95% intervals (both axes),
+    always-answer / always-tool / oracle as markers. ``points``: frontier rows with a ``budget``."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6.4, 4.4))
+    ax = fig.add_subplot()
+    style = {
+        "learned": ("tab:blue", "o", "learned router"),
+        "matched_random": ("tab:orange", "s", "matched random (same tool rate)"),
+        "oracle": ("tab:green", "^", "weak-label oracle (same tool rate)"),
+    }
+    for policy, (color, marker, label) in style.items():
+        part = points[points["policy"] == policy].sort_values("cost")
+        if part.empty:
+            continue
+        ax.errorbar(
+            part["cost"],
+            part["reward"],
+            xerr=[part["cost"] - part["cost_lo"], part["cost_hi"] - part["cost"]],
+            yerr=[part["reward"] - part["reward_lo"], part["reward_hi"] - part["reward"]],
+            color=color,
+            marker=marker,
+            capsize=3,
+            label=label,
+            linestyle="-" if policy != "oracle" else ":",
+        )
+    for policy, marker in (("always_answer", "x"), ("always_tool", "+")):
+        part = points[points["policy"] == policy]
+        if len(part):
+            ax.scatter(
+                part["cost"].mean(),
+                part["reward"].mean(),
+                marker=marker,
+                s=80,
+                color="k",
+                label=policy.replace("_", "-"),
+                zorder=3,
+            )
+    if "budget" in points.columns:
+        for _, row in points[points["policy"] == "learned"].iterrows():
+            ax.annotate(
+                f"B={row['budget']:g}",
+                (row["cost"], row["reward"]),
+                textcoords="offset points",
+                xytext=(4, -10),
+                fontsize=7,
+            )
+    ax.set_xlabel("mean tool cost per prompt (held-out)")
+    ax.set_ylabel("mean task reward (held-out)")
+    ax.set_title("Budget frontier: learned router vs prompt-independent routing")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    return fig

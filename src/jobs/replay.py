@@ -1,0 +1,39 @@
+"""Build the replay callback and, for ``rollout.workers > 0``, the Ray rollout workers' policies."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from src.jobs.worker_policy import WorkerPolicy
+from src.rollout.replay import ReplayBuffer
+
+
+def build_replay_callback(cfg: DictConfig, tokenizer, model_path: Path):
+    from src.callbacks.replay import ReplayCallback
+    from src.rollout.workers import RolloutWorkerPool
+
+    r = cfg.replay
+    buffer = ReplayBuffer(
+        capacity=int(r.capacity),
+        alpha=float(r.alpha),
+        max_samples_per_rollout=int(r.max_samples_per_rollout),
+        max_batch_latency=int(r.max_batch_latency),
+        pad_id=int(tokenizer.pad_token_id),
+        seed=int(cfg.seed),
+    )
+    pool_factory = None
+    if cfg.rollout.workers > 0:
+        policy = functools.partial(WorkerPolicy, OmegaConf.to_container(cfg, resolve=True), str(model_path))
+        pool_factory = functools.partial(
+            RolloutWorkerPool, int(cfg.rollout.workers), policy, address=cfg.rollout.ray_address
+        )
+    return ReplayCallback(
+        buffer,
+        n_groups=int(cfg.sampling.n_prompts),
+        seed=int(cfg.seed),
+        pool_factory=pool_factory,
+        weight_sync_every=int(cfg.rollout.weight_sync_every),
+    )

@@ -1,0 +1,89 @@
+"""Route-following SFT examples: the warm start that makes the router's decision binding.
+
+Every row is shown under all three route-conditioned prompts (``src.router.prompts``), with the
+target a *route-following* actor would write:
+
+    ANSWER route         the ground truth of a no-tool row; a direct answer for a tool row
+    the row's own family the ground truth (its tool call)
+    another family       a call of a tool the routed prompt lists for that family, the request
+                         copied into its first parameter (the actor does what the route says)
+
+So under a tool route the actor always calls a tool (cost 1) and under ANSWER it never does
+(cost 0): a tool route on a no-tool prompt costs a tool call and the answer's format reward, a
+wrong family costs the call's correctness. Which route a prompt deserves is then a question only
+the router can answer, which is what the budgeted router demo needs.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from src.datamodules.gpt_oss import convert_ground_truth
+from src.formats.tools_block import parse_tools_block, tool_descriptions
+from src.rewards.dispatch import response_format
+from src.router.labels import weak_label
+from src.router.prompts import route_messages
+from src.router.routes import Route
+
+__all__ = ["DIRECT_ANSWER_XML", "misrouted_call", "route_following_examples"]
+
+DIRECT_ANSWER_XML = (
+    "<think> No tools are available for this turn, so I answer directly. </think>\n"
+    "<response> I can't use tools right now; here is my best direct answer. </response>"
+)
+_KIND = {Route.SEARCH: "lookup", Route.CALCULATE: "calculation"}
+_USER = re.compile(r"<user>\s*(.*?)\s*</user>", re.DOTALL)
+
+
+def _request_text(messages: list[dict]) -> str:
+    user = next((m["content"] for m in reversed(messages) if m["role"] == "user"), "")
+    found = _USER.findall(user)
+    return found[-1] if found else user.strip()
+
+
+def misrouted_call(routed_messages: list[dict], route: Route, families) -> str | None:
+    """XML target for a tool route the row does not belong to: one call of the first listed tool
+    of the route's family (else the first listed tool), the request text as its first parameter.
+    None when the routed prompt lists no tool with parameters."""
+    system = next(m["content"] for m in routed_messages if m["role"] == "system")
+    block = parse_tools_block(system)
+    if block is None or not block.tools:
+        return None
+    labels = families.of_tools(block.tools)
+    family = route.label
+    tool = next((t for t in block.tools if labels[t.name] == family), block.tools[0])
+    params = tool.parameters_dict() or {}
+    if not params:
+        return None
+    call = json.dumps({"name": tool.name, "parameters": {next(iter(params)): _request_text(routed_messages)}})
+    return f"<think> A {_KIND[route]}: {tool.name}. </think>\n<tool_call>\n{call}\n</tool_call>"
+
+
+def _row_examples(record: dict[str, Any], families, mode: str) -> list[tuple[list[dict], str]]:
+    fmt = response_format(record["data_source"])
+    system = next(m["content"] for m in record["messages"] if m["role"] == "system")
+    label = weak_label(record["ground_truth"], families, fmt=fmt, descriptions=tool_descriptions(system))
+    as_fmt = (lambda xml: xml) if fmt == "xml" else convert_ground_truth
+    out = []
+    for route in Route:
+        messages = route_messages(record["messages"], route, families, mode=mode, fmt=fmt)
+        if route is Route.ANSWER:
+            target = record["ground_truth"] if label == "ANSWER" else as_fmt(DIRECT_ANSWER_XML)
+        elif label in (route.name, "MIXED"):
+            target = record["ground_truth"]
+        else:
+            call = misrouted_call(messages, route, families)
+            target = None if call is None else as_fmt(call)
+        if target is not None:
+            out.append((messages, target))
+    return out
+
+
+def route_following_examples(
+    records: list[dict[str, Any]], families, mode: str = "emphasis"
+) -> list[tuple[list[dict], str]]:
+    """(messages, target) pairs: each record under each route (``mode`` as the router's
+    ``prompt_mode``), targets as in the module doc."""
+    return [pair for record in records for pair in _row_examples(record, families, mode)]

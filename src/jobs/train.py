@@ -1,0 +1,83 @@
+"""train(cfg): run the configured job (RL or SFT) from a composed, validated Hydra config."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from hydra.utils import instantiate
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+from omegaconf import DictConfig
+
+from src.callbacks.checkpointing import InterruptCheckpoint, Preempted
+from src.callbacks.step_only import StepOnlyScalars
+from src.callbacks.step_scalars import StepScalarCarry
+from src.config.validate import validate
+from src.jobs.build import build_datamodule, build_module, build_trainer
+from src.jobs.callbacks import build_rl_callbacks
+from src.jobs.resume import check_callback_states, prepare_run_dir
+from src.jobs.warm_start import model_dir
+from src.models.loading import load_tokenizer
+
+log = logging.getLogger(__name__)
+
+
+def configured_callbacks(cfg: DictConfig) -> list[pl.Callback]:
+    """Extra callbacks from ``callbacks.<name>._target_`` (curriculum, replay, fault injection...).
+
+    Their ``state_dict`` is checkpointed by Lightning and restored before the first resumed step.
+    """
+    return [instantiate(node) for _, node in sorted((cfg.get("callbacks") or {}).items())]
+
+
+def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
+    """Run the configured job. Returns (final logged metrics, {trainer, module, datamodule}).
+
+    Raises :class:`Preempted` (a ``SystemExit`` with code 128 + signal) when SIGINT / SIGTERM
+    stopped the run after saving a checkpoint.
+
+    ``cfg`` is validated first (``ConfigError`` naming every bad key), before anything is built.
+    """
+    validate(cfg)
+    pl.seed_everything(cfg.seed, workers=True)
+    torch.set_float32_matmul_precision("high")
+    if cfg.task == "sft":
+        from src.jobs.sft import run_sft
+
+        return run_sft(cfg)
+    point = prepare_run_dir(cfg.run_dir, bool(cfg.resume))
+    path = model_dir(cfg)
+    tokenizer = load_tokenizer(path)
+    if cfg.data.get("format") == "harmony":
+        from src.models.tokens import harmony_token_ids
+
+        log.info("harmony token ids: %s", harmony_token_ids(tokenizer))
+    datamodule = build_datamodule(cfg, tokenizer)
+    module = build_module(cfg, path)
+    callbacks = [
+        StepOnlyScalars(),  # first: it clears the previous step's values before anyone logs
+        *build_rl_callbacks(cfg, tokenizer, path, datamodule),
+        StepScalarCarry(),
+        *configured_callbacks(cfg),
+    ]
+    trainer = build_trainer(cfg, callbacks)
+    ckpt = point.checkpoint if point else None
+    # the datamodules restore the mid-epoch position themselves (their state_dict), so Lightning's
+    # "dataloader is not resumable" warning does not apply
+    warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch")
+    if ckpt is not None:
+        check_callback_states(point, trainer)
+        log.info("resuming from %s", ckpt)
+    try:
+        trainer.fit(module, datamodule=datamodule, ckpt_path=str(ckpt) if ckpt else None)
+    except SIGTERMException as e:  # SIGTERM before our handler took over: Lightning exits with 0
+        raise Preempted(15) from e
+    stopper = next((cb for cb in trainer.callbacks if isinstance(cb, InterruptCheckpoint)), None)
+    finished = 0 < trainer.max_steps <= trainer.global_step  # a signal during the last step: done
+    if stopper is not None and stopper.stopped_by is not None and not finished:
+        raise Preempted(stopper.stopped_by)
+    metrics = {k: float(v) for k, v in trainer.logged_metrics.items()}
+    return metrics, {"trainer": trainer, "module": module, "datamodule": datamodule}

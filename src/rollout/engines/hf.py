@@ -1,0 +1,199 @@
+"""Hugging Face ``generate`` on the trainer's own module: the embedded default engine.
+
+No wasted work: generation stops on every EOS id; the sampling log-probs are recorded while sampling
+(``SampledLogProbs``), not by a second teacher-forced pass; with ``share_prefill`` each prompt is
+prefilled once and its KV cache expanded to the G samples (``num_return_sequences`` alone would
+prefill every copy); prompt widths are bucketed; a static KV cache with compiled decoding is a
+setting (``cache_implementation=static``, ``compile=true``).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from src.rollout.engines.hf_sampling import SampledLogProbs
+from src.rollout.engines.logprobs import sampling_log_probs
+from src.rollout.engines.types import Completions, SamplingParams, left_pad, mask_after_stop
+
+log = logging.getLogger(__name__)
+
+CACHE_IMPLEMENTATIONS = ("dynamic", "static")
+LOGPROB_SOURCES = ("scores", "forward")
+
+
+@dataclass
+class HFEngineSettings:
+    """``rollout.*`` keys of the HF engine.
+
+    micro_batch_size: prompts per ``generate`` call (each with its n samples).
+    cache_implementation: dynamic | static (static: fixed-shape KV cache, reusable compiled graphs).
+    compile: compile the decoding forward (static cache only; on CPU too).
+    share_prefill: prefill each prompt once and expand its cache n times (dynamic cache only).
+    pad_to_multiple_of: bucket the left-padded prompt width (1 = no bucketing).
+    logprobs_from: scores (recorded while sampling) | forward (a teacher-forced pass after generate).
+    """
+
+    micro_batch_size: int = 64
+    cache_implementation: str = "dynamic"
+    compile: bool = False
+    share_prefill: bool = True
+    pad_to_multiple_of: int = 1
+    logprobs_from: str = "scores"
+
+    def __post_init__(self):
+        if self.cache_implementation not in CACHE_IMPLEMENTATIONS:
+            raise ValueError(
+                f"rollout.engines.hf.cache_implementation={self.cache_implementation!r}; expected one of {CACHE_IMPLEMENTATIONS}"
+            )
+        if self.logprobs_from not in LOGPROB_SOURCES:
+            raise ValueError(
+                f"rollout.engines.hf.logprobs_from={self.logprobs_from!r}; expected one of {LOGPROB_SOURCES}"
+            )
+        if self.compile and self.cache_implementation != "static":
+            raise ValueError("rollout.engines.hf.compile=true needs rollout.engines.hf.cache_implementation=static")
+        if self.micro_batch_size < 1 or self.pad_to_multiple_of < 1:
+            raise ValueError("rollout.micro_batch_size and rollout.engines.hf.pad_to_multiple_of must be >= 1")
+
+
+def _positions(attention_mask: torch.Tensor) -> torch.Tensor:
+    return (attention_mask.cumsum(-1) - 1).clamp(min=0)
+
+
+class HFGenerateEngine:
+    """Batched, left-padded ``model.generate`` on the trainer's own module (no weight copy needed)."""
+
+    def __init__(
+        self,
+        model,
+        pad_token_id: int,
+        eos_token_ids: list[int],
+        micro_batch_size: int = 64,
+        settings: HFEngineSettings | None = None,
+    ):
+        self.model = model
+        self.pad_token_id = pad_token_id
+        self.eos_token_ids = list(eos_token_ids)
+        self.settings = settings or HFEngineSettings(micro_batch_size=micro_batch_size)
+
+    def update_weights(self, state_dict=None) -> None:
+        """The engine generates with the training module itself, so it is always current."""
+
+    @torch.no_grad()
+    def generate(self, prompt_ids: list[list[int]], sampling: SamplingParams) -> Completions:
+        device = next(self.model.parameters()).device
+        stop = sorted(set(self.eos_token_ids) | set(sampling.stop_token_ids))
+        was_training = self.model.training
+        self.model.eval()
+        step = self.settings.micro_batch_size
+        try:
+            chunks = [
+                self._generate_chunk(prompt_ids[i : i + step], sampling, stop, device)
+                for i in range(0, len(prompt_ids), step)
+            ]
+        finally:
+            self.model.train(was_training)
+        width = max(c[0].shape[1] for c in chunks)
+        pad = lambda t, v: torch.nn.functional.pad(t, (0, width - t.shape[1]), value=v)  # noqa: E731
+        ids = torch.cat([pad(c[0], self.pad_token_id) for c in chunks])
+        logp = torch.cat([pad(c[1], 0.0) for c in chunks])
+        mask = torch.cat([pad(c[2], 0) for c in chunks])
+        return Completions(ids.cpu(), mask.cpu(), logp.cpu())
+
+    def _generate_kwargs(self, sampling: SamplingParams, stop: list[int], recorder) -> dict:
+        s = self.settings
+        kwargs = dict(
+            max_new_tokens=sampling.max_new_tokens,
+            min_new_tokens=sampling.min_new_tokens or None,
+            eos_token_id=stop,
+            pad_token_id=self.pad_token_id,
+            # explicit values so the model's own generation defaults (top_k, repetition penalty...) do
+            # not change the distribution whose log-probs are recorded
+            top_k=0,
+            top_p=1.0,
+            temperature=1.0,
+            repetition_penalty=1.0,
+            cache_implementation=s.cache_implementation,
+            disable_compile=not s.compile,
+        )
+        if s.compile:
+            from transformers import CompileConfig
+
+            compile_config = CompileConfig()
+            # HF compiles only on accelerators by default; the setting asks for it on CPU as well
+            compile_config._compile_all_devices = True
+            kwargs["compile_config"] = compile_config
+        if sampling.temperature <= 0:
+            return {**kwargs, "do_sample": False}
+        if recorder is not None:
+            return {**kwargs, "do_sample": True, "logits_processor": [recorder]}
+        return {
+            **kwargs,
+            "do_sample": True,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+        }
+
+    def _generate_chunk(self, prompts, sampling: SamplingParams, stop, device):
+        s = self.settings
+        ids, attn = left_pad(prompts, self.pad_token_id, device, multiple_of=s.pad_to_multiple_of)
+        greedy = sampling.temperature <= 0
+        recorder = (
+            SampledLogProbs(sampling.temperature, sampling.top_p)
+            if not greedy and s.logprobs_from == "scores"
+            else None
+        )
+        kwargs = self._generate_kwargs(sampling, stop, recorder)
+        # greedy copies are identical: decode each prompt once and repeat it
+        n = 1 if greedy else sampling.n
+        if n > 1 and s.share_prefill and s.cache_implementation == "dynamic" and ids.shape[1] > 1:
+            seqs = self._generate_shared_prefill(ids, attn, n, kwargs)
+        else:
+            seqs = self.model.generate(input_ids=ids, attention_mask=attn, num_return_sequences=n, **kwargs)
+        resp = seqs[:, ids.shape[1] :]
+        if greedy:
+            resp = resp.repeat_interleave(sampling.n, 0)
+        if resp.shape[1] == 0:
+            empty = torch.zeros((resp.shape[0], 0), device=resp.device)
+            return resp, empty, empty.long()
+        mask = mask_after_stop(resp, stop)
+        if greedy:
+            return resp, torch.zeros(resp.shape, device=resp.device), mask
+        if recorder is not None:
+            return resp, recorder.log_probs(resp, mask), mask
+        return resp, self._forward_log_probs(seqs, attn.repeat_interleave(n, 0), resp, mask, sampling), mask
+
+    def _generate_shared_prefill(self, ids, attn, n: int, kwargs: dict) -> torch.Tensor:
+        """Prefill the P prompts (all but their last token) once, repeat the cache n times, and let
+        ``generate`` continue from it: it feeds only the uncached last token of each of the P*n rows."""
+        from transformers import DynamicCache
+
+        cache = DynamicCache()
+        self.model(
+            input_ids=ids[:, :-1],
+            attention_mask=attn[:, :-1],
+            position_ids=_positions(attn[:, :-1]),
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        cache.batch_repeat_interleave(n)
+        return self.model.generate(
+            input_ids=ids.repeat_interleave(n, 0),
+            attention_mask=attn.repeat_interleave(n, 0),
+            past_key_values=cache,
+            **{k: v for k, v in kwargs.items() if k != "cache_implementation"},
+        )
+
+    def _forward_log_probs(self, seqs, prompt_mask, resp, mask, sampling: SamplingParams) -> torch.Tensor:
+        """The teacher-forced alternative (``logprobs_from=forward``), kept for comparison."""
+        full_mask = torch.cat([prompt_mask, mask], dim=1)
+        logits = self.model(
+            input_ids=seqs,
+            attention_mask=full_mask,
+            position_ids=_positions(full_mask),
+            logits_to_keep=resp.shape[1] + 1,
+        ).logits[:, :-1]
+        return sampling_log_probs(logits, resp, sampling.temperature, sampling.top_p) * mask

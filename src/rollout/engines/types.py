@@ -1,0 +1,104 @@
+"""What every rollout engine takes and returns: sampling settings, completions, the protocol."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+import torch
+
+
+@dataclass
+class SamplingParams:
+    """How to sample: ``n`` completions per prompt; temperature 0 means greedy.
+
+    ``min_new_tokens`` > 0 forbids the stop tokens before that many tokens (benchmarks ask for exactly
+    T new tokens with ``min_new_tokens = max_new_tokens``).
+    """
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 128
+    stop_token_ids: list[int] = field(default_factory=list)
+    min_new_tokens: int = 0
+
+
+@dataclass
+class Completions:
+    """``n`` completions per prompt, prompt-major: row i*n + j is prompt i's j-th sample.
+
+    response_ids: [N, T] long, right-padded with pad_id.
+    response_mask: [N, T] 1 on generated tokens (the stop token included).
+    log_probs: [N, T] float, log-prob of each token under the sampling distribution (0 on padding).
+    """
+
+    response_ids: torch.Tensor
+    response_mask: torch.Tensor
+    log_probs: torch.Tensor
+
+    @classmethod
+    def from_token_lists(
+        cls, seqs: list[list[int]], pad_id: int, log_probs: list[list[float]] | None = None
+    ) -> "Completions":
+        """Right-pad token lists (and their log-probs, 0 where absent) into a Completions."""
+        width = max([len(s) for s in seqs] + [1])
+        ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(seqs), width), dtype=torch.long)
+        logp = torch.zeros((len(seqs), width))
+        for i, s in enumerate(seqs):
+            ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
+            mask[i, : len(s)] = 1
+            if log_probs is not None and log_probs[i]:
+                logp[i, : len(log_probs[i])] = torch.tensor(log_probs[i])
+        return cls(ids, mask, logp)
+
+    def token_lists(self) -> list[list[int]]:
+        return [ids[m.bool()].tolist() for ids, m in zip(self.response_ids, self.response_mask)]
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    def generate(self, prompt_ids: list[list[int]], sampling: SamplingParams) -> Completions: ...
+
+    def update_weights(self, state_dict: dict[str, torch.Tensor] | None = None) -> None:
+        """Make the engine sample from the trainer's current weights (after an optimizer step)."""
+
+
+def left_pad(
+    seqs: list[list[int]], pad_id: int, device=None, multiple_of: int = 1
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad token lists to the longest, rounded up to ``multiple_of`` (bucketed widths let compiled
+    graphs and static caches be reused across batches). -> (ids [B, L], attention_mask [B, L])."""
+    width = max(len(s) for s in seqs)
+    if multiple_of > 1:
+        width = -(-width // multiple_of) * multiple_of
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        if s:
+            ids[i, width - len(s) :] = torch.tensor(s, dtype=torch.long)
+            mask[i, width - len(s) :] = 1
+    return ids.to(device), mask.to(device)
+
+
+def mask_after_stop(tokens: torch.Tensor, stop_ids: list[int]) -> torch.Tensor:
+    """[N, T] -> [N, T] mask that is 1 up to and including the first stop token."""
+    if not stop_ids:
+        return torch.ones_like(tokens)
+    is_stop = torch.isin(tokens, torch.tensor(stop_ids, device=tokens.device))
+    # number of stop tokens strictly before each position
+    before = torch.cumsum(is_stop.long(), dim=1) - is_stop.long()
+    return (before == 0).long()
+
+
+def eos_token_ids(generation_config, tokenizer) -> list[int]:
+    """Every end-of-sequence id: the model's ``generation_config.eos_token_id`` (an int or a list, e.g.
+    ``<|im_end|>`` and ``<|endoftext|>`` for ChatML models) plus the tokenizer's."""
+    ids: set[int] = set()
+    cfg_eos = getattr(generation_config, "eos_token_id", None) if generation_config is not None else None
+    for value in (cfg_eos, getattr(tokenizer, "eos_token_id", None)):
+        if value is None:
+            continue
+        ids.update([int(value)] if isinstance(value, int) else [int(v) for v in value])
+    return sorted(ids)

@@ -1,7 +1,0 @@
-"""Multi-step text environments: the ``EpisodeEnv`` protocol, local MLGym-style games, real MLGym."""
-
-from src.rollout.envs.base import EpisodeEnv
-from src.rollout.envs.local_game import LocalGameConfig, LocalGameEnv
-from src.rollout.envs.registry import make_env
-
-__all__ = ["EpisodeEnv", "LocalGameConfig", "LocalGameEnv", "make_env"]

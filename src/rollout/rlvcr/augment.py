@@ -1,0 +1,462 @@
+"""RLVCR on collected multi-step episodes: alternative thinking, scoring, token advantages.
+
+Given a :class:`RolloutBatch` whose ``episodes`` came from the episode collector, for every step
+of a qualifying episode (see ``qualifying_episodes``) that parses as a well-formed RLVCR step:
+
+1. the history is everything before that turn's first generated token
+   (``prompt_ids + response_ids[:action_start]``);
+2. the thinking of the levels the policy did not use is generated from that history with the
+   level's prompt (``build_level_prompt``; level 1 needs no generation) — all steps × levels in
+   ONE ``engine.generate`` call — and cut before ``<action>``;
+3. the original action — the ids the policy generated, not a re-encoding of its text (see
+   ``steps.py``) — is scored after the four contexts ``thinking_k + <action>`` with one batched
+   teacher-forced pass (``score_level_groups``); the default score is minus the mean action
+   entropy (``mode="neg_entropy"``, seed 002), ``logprob`` is the alternative;
+4. ``rlvcr_advantage`` combines the trajectory GRPO advantage (episodes grouped by uid, reward
+   minus the format penalty) with ``w`` × the thinking advantage, and the returned copy of the
+   batch carries it as ``token_advantages`` [N, T]: each step's advantage on that turn's generated tokens, the
+   trajectory advantage on every other generated token (steps that did not qualify or parse get
+   thinking advantage 0 by construction, so their tokens carry the trajectory advantage).
+
+The batch keeps everything else; the module trains on ``token_advantages`` when present.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from src.algorithms.advantages import group_ids
+from src.algorithms.rlvcr_advantage import make_level_scores, rlvcr_advantage, rlvcr_metrics
+from src.rollout.batch import RolloutBatch
+from src.rollout.engine import RolloutEngine, SamplingParams
+from src.rollout.episodes.prompts import EpisodeTemplates, stop_token_ids
+from src.rollout.rlvcr.format import LEVELS
+from src.rollout.rlvcr.prompts import build_level_prompt, extract_level_thinking, level_tag
+from src.rollout.rlvcr.scoring import ScoringGroup, score_level_groups
+from src.rollout.rlvcr.steps import StepReader, StepRef, scored_step, tag_ids
+
+__all__ = [
+    "RlvcrAugmenter",
+    "RlvcrCollector",
+    "RlvcrSettings",
+    "make_rlvcr_collector",
+    "penalised_rewards",
+    "qualifying_episodes",
+    "rlvcr_episode_templates",
+    "scatter_step_advantages",
+    "scored_step",
+    "settings_from_algorithm",
+]
+
+log = logging.getLogger(__name__)
+
+QUALIFY_MODES = ("threshold", "group_mean", "all")
+
+# What the agent is shown with ``env.step_format: rlvcr`` (see ``rlvcr_episode_templates``).
+RLVCR_SYSTEM_PROMPT = (
+    "You are an agent working in a shell on a small coding task. Each reply is ONE step: first choose "
+    "how much to think, then give exactly one action (a shell command, `validate` or `submit`), in "
+    "this format:\n<level>k</level><think>your thinking</think><action>your action</action>\n"
+    "k is 1 (act at once, with no <think> block), 2 (a sentence or two), 3 (step-by-step reasoning) "
+    "or 4 (a thorough analysis). Think only as much as the step needs. The next message shows the "
+    "output of your action."
+)
+RLVCR_NEXT_STEP_TEMPLATE = (
+    "OBSERVATION:\n{observation}\nNext step as <level>k</level><think>...</think><action>...</action>"
+)
+
+
+def rlvcr_episode_templates(**overrides: str) -> EpisodeTemplates:
+    """Episode templates that ask for the RLVCR step format; ``overrides`` replace fields."""
+    base = {"system": RLVCR_SYSTEM_PROMPT, "next_step": RLVCR_NEXT_STEP_TEMPLATE}
+    return EpisodeTemplates(**{**base, **overrides})
+
+
+# ---------------------------------------------------------------------------- settings
+@dataclass
+class RlvcrSettings:
+    """Everything the augmenter needs (built from ``cfg.algorithm`` by ``settings_from_algorithm``).
+
+    w, alpha, cost_max, mode: the RLVCR formula (see ``src.algorithms.rlvcr_advantage``).
+    qualify: which episodes get the thinking advantage: ``threshold`` (reward > qualify_threshold),
+        ``group_mean`` (reward >= the mean reward of its uid group, i.e. the better half of each
+        group; a group whose rewards are all equal qualifies whole), ``all``.
+    format_penalty: subtracted from an episode's reward, scaled by its fraction of malformed steps
+        among the executed ones (so the penalty is at most ``format_penalty`` whatever the episode
+        length; a turn cut off by the token budget is not a step the env saw).
+    think_*: sampling of the alternative thinking.
+    score_max_rows: rows per teacher-forced forward (None = all rows in one forward).
+    allow_unclosed_action: accept a step without ``</action>`` (engines that stop on it and drop it).
+    score_malformed_steps: also score steps that break the format but carry an action (the
+        command the env received): their level is the declared one when it parses, else 1 (the
+        step acted without a usable thinking level). Off by default; useful while a model has not
+        learned the format yet (the format penalty still applies to those steps).
+    """
+
+    w: float = 1.0
+    alpha: float = 0.1
+    cost_max: float = 64.0
+    mode: str = "neg_entropy"  # seed 002: action entropy under each level's thinking
+    qualify: str = "threshold"
+    qualify_threshold: float = 0.0
+    format_penalty: float = 0.0
+    think_max_new_tokens: int = 64
+    think_temperature: float = 1.0
+    think_top_p: float = 1.0
+    score_max_rows: int | None = None
+    allow_unclosed_action: bool = True
+    score_malformed_steps: bool = False
+    adv_eps: float = 1e-6
+    norm_by_std: bool = True
+
+    def __post_init__(self) -> None:
+        if self.qualify not in QUALIFY_MODES:
+            raise ValueError(f"RLVCR qualify={self.qualify!r}; expected one of {list(QUALIFY_MODES)}")
+        if self.cost_max <= 0:
+            raise ValueError(f"RLVCR cost_max must be > 0, got {self.cost_max}")
+        if self.think_max_new_tokens < 1:
+            raise ValueError(f"RLVCR think_max_new_tokens must be >= 1, got {self.think_max_new_tokens}")
+
+
+# config key in ``cfg.algorithm`` -> RlvcrSettings field
+_ALGORITHM_KEYS = {
+    "step_advantage_w": "w",
+    "thinking_cost_alpha": "alpha",
+    "cost_max": "cost_max",
+    "rlvcr_mode": "mode",
+    "rlvcr_qualify": "qualify",
+    "rlvcr_qualify_threshold": "qualify_threshold",
+    "rlvcr_format_penalty": "format_penalty",
+    "rlvcr_think_max_new_tokens": "think_max_new_tokens",
+    "rlvcr_think_temperature": "think_temperature",
+    "rlvcr_think_top_p": "think_top_p",
+    "rlvcr_score_max_rows": "score_max_rows",
+    "rlvcr_allow_unclosed_action": "allow_unclosed_action",
+    "rlvcr_score_malformed_steps": "score_malformed_steps",
+    "adv_eps": "adv_eps",
+    "norm_adv_by_std": "norm_by_std",
+}
+
+
+def settings_from_algorithm(algorithm: Any) -> RlvcrSettings:
+    """RlvcrSettings from a mapping (``cfg.algorithm``); missing keys keep their defaults."""
+    get = algorithm.get if hasattr(algorithm, "get") else lambda k, d=None: getattr(algorithm, k, d)
+    kwargs = {field_name: get(key) for key, field_name in _ALGORITHM_KEYS.items() if get(key) is not None}
+    return RlvcrSettings(**kwargs)
+
+
+# ---------------------------------------------------------------------------- pure math
+def qualifying_episodes(
+    rewards: torch.Tensor, groups: torch.Tensor, mode: str, threshold: float = 0.0
+) -> torch.Tensor:
+    """Which episodes get the thinking advantage. rewards [N] float, groups [N] long -> [N] bool."""
+    rewards = rewards.float()
+    if mode == "all":
+        return torch.ones_like(rewards, dtype=torch.bool)
+    if mode == "threshold":
+        return rewards > threshold
+    if mode == "group_mean":
+        if rewards.numel() == 0:
+            return torch.zeros(0, dtype=torch.bool)
+        n_groups = int(groups.max()) + 1
+        sums = torch.zeros(n_groups).index_add_(0, groups, rewards)
+        counts = torch.zeros(n_groups).index_add_(0, groups, torch.ones_like(rewards))
+        mean = (sums / counts)[groups]
+        return rewards >= mean - 1e-6 * (1.0 + mean.abs())  # tolerance: the mean's own rounding
+    raise ValueError(f"RLVCR qualify={mode!r}; expected one of {list(QUALIFY_MODES)}")
+
+
+def penalised_rewards(rewards: torch.Tensor, malformed_frac: torch.Tensor, penalty: float) -> torch.Tensor:
+    """``reward - |penalty| * malformed_frac``. [N], [N] -> [N] float32."""
+    return rewards.float() - abs(float(penalty)) * malformed_frac.float()
+
+
+def scatter_step_advantages(
+    response_mask: torch.Tensor,
+    trajectory_adv: torch.Tensor,
+    step_row: torch.Tensor,
+    step_start: torch.Tensor,
+    step_end: torch.Tensor,
+    step_adv: torch.Tensor,
+) -> torch.Tensor:
+    """Token advantages: the row's trajectory advantage on every response token, then each step's
+    advantage on its tokens ``[step_start, step_end)``; zero where ``response_mask`` is 0.
+
+    Args:
+        response_mask: [N, T]; trajectory_adv: [N].
+        step_row, step_start, step_end: [S] long (row of the step and its half-open token span).
+        step_adv: [S] float.
+    Returns:
+        [N, T] float32.
+    """
+    n, t = response_mask.shape
+    out = trajectory_adv.float()[:, None].expand(n, t).clone()
+    if step_row.numel():
+        pos = torch.arange(t)
+        inside = (pos[None, :] >= step_start[:, None]) & (pos[None, :] < step_end[:, None])  # [S, T]
+        hit = torch.zeros((n, t), dtype=torch.long).index_add_(0, step_row, inside.long())
+        if int(hit.max()) > 1:
+            raise ValueError("scatter_step_advantages: step token spans overlap")
+        vals = torch.zeros((n, t)).index_add_(0, step_row, inside.float() * step_adv.float()[:, None])
+        out = torch.where(hit > 0, vals, out)
+    return out * response_mask.float()
+
+
+# ---------------------------------------------------------------------------- orchestration
+@dataclass
+class LevelScoring:
+    """scores / costs [S, 4] float (zero rows for steps not scored); alt_tokens: alternative
+    thinking tokens generated."""
+
+    scores: torch.Tensor
+    costs: torch.Tensor
+    alt_tokens: int
+
+
+class RlvcrAugmenter:
+    """Returns an episode batch with RLVCR token advantages and metrics added.
+
+    Args:
+        tokenizer: HF tokenizer of the policy.
+        engine: rollout engine (``generate(prompt_ids, SamplingParams) -> Completions``).
+        model: the actor, used for the teacher-forced scoring (put in eval mode while scoring).
+        settings: RlvcrSettings.
+    """
+
+    def __init__(self, tokenizer, engine: RolloutEngine, model, settings: RlvcrSettings):
+        self.tokenizer = tokenizer
+        self.engine = engine
+        self.model = model
+        self.settings = settings
+        self.tags = tag_ids(self._enc)
+        # dropped before parsing / building prompts: padding and the tokens that end a turn
+        self.drop_ids = {tokenizer.pad_token_id, tokenizer.eos_token_id, *stop_token_ids(tokenizer)}
+        self.reader = StepReader(
+            tokenizer,
+            self.drop_ids,
+            self._enc,
+            settings.allow_unclosed_action,
+            settings.score_malformed_steps,
+        )
+
+    def _enc(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def _dec(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode([t for t in ids if t not in self.drop_ids], skip_special_tokens=False)
+
+    # -------------------------------------------------------------- entry point
+    @torch.no_grad()
+    def augment(self, batch: RolloutBatch) -> RolloutBatch:
+        """A copy of ``batch`` with ``token_advantages`` [N, T], ``rlvcr/*`` metrics and row columns."""
+        t0 = time.perf_counter()
+        st = self.settings
+        episodes = batch.episodes
+        if episodes is None:
+            raise ValueError(
+                "RLVCR needs the episode list on the batch (batch.episodes); use the episode collector"
+            )
+        n, width = batch.response_mask.shape
+        if len(episodes) != n:
+            raise ValueError(f"RLVCR: batch has {n} rows but {len(episodes)} episodes")
+        steps = [s for row, ep in enumerate(episodes) for s in self.reader.read(row, ep, width)]
+        groups = group_ids(batch.uids)
+        raw = torch.tensor([float(ep.reward) for ep in episodes], dtype=torch.float32)
+        n_bad = malformed_counts(steps, n)
+        rewards = penalised_rewards(raw, n_bad / executed_counts(steps, n).clamp(min=1), st.format_penalty)
+        ep_ok = qualifying_episodes(raw, groups, st.qualify, st.qualify_threshold)
+        qualifies = torch.tensor([qualifying_step(s, ep_ok) for s in steps], dtype=torch.bool)
+        scoring = self.level_scores(steps, qualifies)
+        adv = self.advantages(steps, rewards, groups, scoring, qualifies)
+        token_adv = scatter_step_advantages(
+            batch.response_mask,
+            adv.trajectory_adv,
+            torch.tensor([s.row for s in steps], dtype=torch.long),
+            torch.tensor([s.start for s in steps], dtype=torch.long),
+            torch.tensor([s.end for s in steps], dtype=torch.long),
+            adv.advantage,
+        )
+        metrics = self.metrics(steps, adv, qualifies, ep_ok, n_bad, scoring.alt_tokens)
+        elapsed = time.perf_counter() - t0
+        log.debug("RLVCR: %d steps, %d scored, %.2fs", len(steps), int(qualifies.sum()), elapsed)
+        return replace(
+            batch,
+            token_advantages=token_adv,
+            metrics=with_timing(batch.metrics, metrics, elapsed),
+            rows=with_rlvcr_columns(batch.rows, n, ep_ok, n_bad),
+        )
+
+    # -------------------------------------------------------------- generation + scoring
+    def level_scores(self, steps: list[StepRef], qualifies: torch.Tensor) -> LevelScoring:
+        """Scores and thinking costs of the four levels for each qualifying step."""
+        scores, costs = torch.zeros(len(steps), 4), torch.zeros(len(steps), 4)
+        idx = qualifies.nonzero().flatten()
+        if idx.numel() == 0:
+            return LevelScoring(scores, costs, 0)
+        scored = [steps[i] for i in idx.tolist()]
+        contexts, alt_tokens = self._alternative_thinking(scored)
+        out = self._score(scored, contexts)
+        scores[idx] = make_level_scores(out.action_logprob, out.action_entropy, self.settings.mode)
+        costs[idx] = out.thinking_tokens.float()
+        return LevelScoring(scores, costs, alt_tokens)
+
+    def _alternative_thinking(self, steps: list[StepRef]) -> tuple[list[list[str]], int]:
+        """Four thinking contexts (text, level 1..4) per step; the used level's comes from the step."""
+        # level 1 is just its tag; the used level keeps the policy's own thinking (normalised like
+        # the generated ones); the other slots are filled from the generation below
+        contexts = [
+            [extract_level_thinking(s.think if k == s.level else "", k) for k in LEVELS] for s in steps
+        ]
+        jobs = [(i, k) for i, s in enumerate(steps) for k in LEVELS if k != 1 and k != s.level]
+        if not jobs:
+            return contexts, 0
+        # the history keeps its exact ids (it ends with the assistant turn header, so the blank line
+        # build_level_prompt puts after a history is the leading newline of its empty-history form)
+        suffix = {k: self._enc(build_level_prompt("", k)) for k in LEVELS}
+        prompts = [list(steps[i].history_ids) + suffix[k] for i, k in jobs]
+        st = self.settings
+        sampling = SamplingParams(
+            n=1,
+            temperature=st.think_temperature,
+            top_p=st.think_top_p,
+            max_new_tokens=st.think_max_new_tokens,
+            stop_token_ids=self.tags.stop,
+        )
+        lists = self.engine.generate(prompts, sampling).token_lists()
+        for (i, k), ids in zip(jobs, lists):
+            contexts[i][k - 1] = extract_level_thinking(self._dec(ids), k)
+        return contexts, sum(len(ids) for ids in lists)
+
+    def _score(self, steps: list[StepRef], contexts: list[list[str]]):
+        """Teacher-forced scores of each step's generated action ids under its four contexts."""
+        groups = []
+        for s, ctx in zip(steps, contexts):
+            thinking = [
+                tag + self._enc(text[len(level_tag(k)) :])
+                for k, tag, text in zip(LEVELS, self.tags.levels, ctx)
+            ]
+            groups.append(ScoringGroup(s.history_ids, thinking, s.action.action_ids, s.action.prefix_ids))
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            return score_level_groups(
+                self.model,
+                groups,
+                self.tags.action,
+                self.tags.levels,
+                self.tokenizer.pad_token_id,
+                max_rows=self.settings.score_max_rows,
+            )
+        finally:
+            self.model.train(was_training)
+
+    # -------------------------------------------------------------- advantages + metrics
+    def advantages(
+        self,
+        steps: list[StepRef],
+        rewards: torch.Tensor,
+        groups: torch.Tensor,
+        scoring: LevelScoring,
+        qualifies: torch.Tensor,
+    ):
+        """``rlvcr_advantage`` over the batch's steps (see ``src.algorithms.rlvcr_advantage``)."""
+        st = self.settings
+        return rlvcr_advantage(
+            rewards,
+            groups,
+            torch.tensor([s.row for s in steps], dtype=torch.long),
+            scoring.scores,
+            scoring.costs,
+            torch.tensor([(s.level or 1) - 1 for s in steps], dtype=torch.long),
+            qualifies,
+            cost_max=st.cost_max,
+            alpha=st.alpha,
+            w=st.w,
+            eps=st.adv_eps,
+            norm_by_std=st.norm_by_std,
+        )
+
+    def metrics(self, steps, adv, qualifies, ep_ok, n_bad, alt_tokens: int) -> dict[str, float]:
+        own_thinking = torch.tensor(
+            [len(self._enc(s.parse.think)) if s.parse.think else 0 for s in steps], dtype=torch.float32
+        )
+        metrics = rlvcr_metrics([s.parse.level for s in steps], own_thinking, adv.thinking_adv, qualifies)
+        n = adv.trajectory_adv.numel()
+        metrics.update(
+            {
+                "rlvcr/qualifying_episodes": float(ep_ok.sum()),
+                "rlvcr/malformed_step_frac": float(n_bad.sum() / max(len(steps), 1)),
+                "rlvcr/alt_thinking_tokens": float(alt_tokens),
+                "rlvcr/trajectory_adv_abs_mean": float(adv.trajectory_adv.abs().mean()) if n else 0.0,
+            }
+        )
+        return metrics
+
+
+def qualifying_step(step: StepRef, episode_ok: torch.Tensor) -> bool:
+    """A step is scored when its episode qualifies, the env saw it, and it has a level and action ids."""
+    has_action = step.action is not None and bool(step.action.action_ids)
+    return bool(episode_ok[step.row]) and step.executed and step.level is not None and has_action
+
+
+def executed_counts(steps: list[StepRef], n: int) -> torch.Tensor:
+    """[N] steps the env saw, per episode."""
+    out = torch.zeros(n)
+    for s in steps:
+        out[s.row] += float(s.executed)
+    return out
+
+
+def malformed_counts(steps: list[StepRef], n: int) -> torch.Tensor:
+    """[N] executed steps that break the format, per episode."""
+    out = torch.zeros(n)
+    for s in steps:
+        out[s.row] += float(s.parse.malformed and s.executed)
+    return out
+
+
+def with_timing(before: dict[str, float], metrics: dict[str, float], elapsed: float) -> dict[str, float]:
+    """The batch's metrics plus RLVCR's; the augmentation counts as rollout scoring time (the
+    module's tokens/sec uses it)."""
+    scoring = before.get("timing/scoring_s", 0.0) + elapsed
+    return {**before, **metrics, "timing/rlvcr_s": elapsed, "timing/scoring_s": scoring}
+
+
+def with_rlvcr_columns(rows: list[dict], n: int, ep_ok: torch.Tensor, n_bad: torch.Tensor) -> list[dict]:
+    """Copies of the rollout-log rows with ``rlvcr_qualified`` / ``rlvcr_malformed_steps``."""
+    if len(rows) != n:
+        return rows
+    return [
+        {**row, "rlvcr_qualified": bool(ep_ok[i]), "rlvcr_malformed_steps": int(n_bad[i])}
+        for i, row in enumerate(rows)
+    ]
+
+
+class RlvcrCollector:
+    """Wraps an episode collector: ``collect`` returns its batch after ``augmenter.augment``."""
+
+    def __init__(self, inner, augmenter: RlvcrAugmenter):
+        self.inner = inner
+        self.augmenter = augmenter
+
+    @property
+    def engine(self):
+        return getattr(self.inner, "engine", None)
+
+    def collect(
+        self, records, step: int, lam: float = 0.0, generator: torch.Generator | None = None
+    ) -> RolloutBatch:
+        return self.augmenter.augment(self.inner.collect(records, step=step, lam=lam, generator=generator))
+
+
+def make_rlvcr_collector(cfg, tokenizer, engine, module, inner) -> RlvcrCollector:
+    """The episode collector ``inner`` wrapped with an augmenter built from ``cfg.algorithm``."""
+    return RlvcrCollector(
+        inner, RlvcrAugmenter(tokenizer, engine, module.actor, settings_from_algorithm(cfg.algorithm))
+    )

@@ -1,0 +1,88 @@
+"""Frontier policies against plain per-prompt loops on random route tables; bootstrap intervals."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from src.frontier import POLICIES, bootstrap_mean_ci, frontier_points, policy_values
+
+ROUTES = ("answer", "search", "calculate")
+
+
+def _table(seed: int, n: int = 30) -> pd.DataFrame:
+    rng = random.Random(seed)
+    return pd.DataFrame(
+        {
+            "uid": range(n),
+            "weak_label": [rng.choice(["ANSWER", "SEARCH", "CALCULATE", "MIXED"]) for _ in range(n)],
+            "learned_route": [rng.choice(ROUTES) for _ in range(n)],
+            **{f"reward_{r}": [rng.uniform(-3, 4) for _ in range(n)] for r in ROUTES},
+            **{f"cost_{r}": [rng.choice([0.0, 1.0]) for _ in range(n)] for r in ROUTES},
+        }
+    )
+
+
+def _reference(table: pd.DataFrame, policy: str, key: str) -> list[float]:
+    rows = table.to_dict("records")
+    q = sum(r["learned_route"] != "answer" for r in rows) / len(rows)
+    n_tool = sum(r["weak_label"] in ("SEARCH", "CALCULATE") for r in rows)
+    p = min(1.0, q * len(rows) / n_tool) if n_tool else 0.0
+    out = []
+    for r in rows:
+        ans, s, c = r[f"{key}_answer"], r[f"{key}_search"], r[f"{key}_calculate"]
+        if policy == "learned":
+            out.append(r[f"{key}_{r['learned_route']}"])
+        elif policy == "always_answer":
+            out.append(ans)
+        elif policy == "always_tool":
+            out.append(0.5 * s + 0.5 * c)
+        elif policy == "matched_random":
+            out.append((1 - q) * ans + q * 0.5 * (s + c))
+        else:  # oracle at the learned tool rate
+            label = r["weak_label"]
+            own = s if label == "SEARCH" else c if label == "CALCULATE" else None
+            out.append(ans if own is None else (1 - p) * ans + p * own)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("policy", POLICIES)
+def test_policy_values_match_plain_loops(seed, policy):
+    table = _table(seed)
+    reward, cost = policy_values(table, policy)
+    assert reward == pytest.approx(_reference(table, policy, "reward"))
+    assert cost == pytest.approx(_reference(table, policy, "cost"))
+
+
+def test_matched_random_spends_what_the_learned_router_spends_when_tools_cost_one():
+    table = _table(1)
+    for r in ROUTES:
+        table[f"cost_{r}"] = float(r != "answer")
+    points = frontier_points(table, n_boot=100).set_index("policy")
+    assert points.loc["matched_random", "cost"] == pytest.approx(points.loc["learned", "cost"])
+    # the oracle spends the same unless fewer prompts are labelled for a tool than the router uses one
+    labelled = table["weak_label"].isin(["SEARCH", "CALCULATE"]).mean()
+    assert points.loc["oracle", "cost"] == pytest.approx(min(points.loc["learned", "cost"], labelled))
+    assert (points["reward_lo"] <= points["reward"]).all() and (points["reward"] <= points["reward_hi"]).all()
+
+
+def test_bootstrap_interval_covers_the_mean_and_shrinks_with_n():
+    rng = np.random.default_rng(0)
+    small, large = rng.normal(size=20), rng.normal(size=2000)
+    m, lo, hi = bootstrap_mean_ci(small)
+    assert lo <= m <= hi
+    _, lo2, hi2 = bootstrap_mean_ci(large)
+    assert hi2 - lo2 < hi - lo
+
+
+def test_bad_tables_are_named():
+    with pytest.raises(ValueError, match="lacks columns"):
+        policy_values(pd.DataFrame({"uid": [1]}), "learned")
+    table = _table(0)
+    table.loc[0, "learned_route"] = "web"
+    with pytest.raises(ValueError, match="unknown learned_route"):
+        policy_values(table, "learned")
