@@ -37,6 +37,9 @@ class AlgorithmConfig:
     ppo_epochs: int = 1
     ppo_mini_batch_size: int = 0  # sequences per optimizer step; 0 = the whole rollout batch
     micro_batch_size: int = 16  # sequences per forward/backward (gradient accumulation)
+    # run each prompt once per micro-batch and share its KV cache among the group's responses
+    # (src/models/shared_prefix.py); same log-probs and gradients as the plain forward
+    shared_prompt_forward: bool = True
     grad_clip: float = 1.0
     # RLVCR (used when adv_estimator == "rlvcr")
     step_advantage_w: float = 1.0

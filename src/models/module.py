@@ -24,6 +24,7 @@ from src.algorithms.losses import KL_ESTIMATORS, router_loss, token_log_probs_an
 from src.algorithms.schedules import linear_decay
 from src.config.schema import AlgorithmConfig, OptimConfig, RouterHeadConfig
 from src.models.loading import decoder_of
+from src.models.shared_prefix import prompt_groups, response_logits
 from src.rollout.batch import PromptBatch, RolloutBatch
 from src.rollout.metrics import non_finite, rollout_metrics
 from src.router.head import RouterHead, RouterOutput
@@ -40,7 +41,8 @@ class LossInputs:
 
     advantages, mask: [N, T]; temperatures: [N]; old_log_probs / ref_log_probs: [N, T] or None
     (old None: one epoch over one minibatch, the old policy is the current one, so the detached
-    new log-probs serve; ref None: KL off).
+    new log-probs serve; ref None: KL off). groups: [N] prompt group of each row (CPU) for the
+    shared-prompt forward, None when it is off.
     """
 
     advantages: torch.Tensor
@@ -48,6 +50,7 @@ class LossInputs:
     temperatures: torch.Tensor
     old_log_probs: torch.Tensor | None
     ref_log_probs: torch.Tensor | None
+    groups: torch.Tensor | None = None
 
 
 def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -189,13 +192,21 @@ class ToolRouterModule(pl.LightningModule):
         return optimizers, [sched]
 
     # ------------------------------------------------------------------ log-probs
-    def _token_stats(self, model, ids, mask, width: int, temperatures, entropy: bool = False):
-        """log-probs (and entropy) at the sampling temperature of the last ``width`` tokens. -> [n, width]."""
-        out = model(
-            input_ids=ids, attention_mask=mask, position_ids=position_ids(mask), logits_to_keep=width + 1
-        )
-        logp, ent = token_log_probs_and_entropy(out.logits[:, :-1], ids[:, -width:], temperatures)
+    def _token_stats(self, model, ids, mask, width: int, temperatures, entropy: bool = False, groups=None):
+        """log-probs (and entropy) at the sampling temperature of the last ``width`` tokens. -> [n, width].
+
+        groups [n]: the rows' prompt groups; given, each group's prompt is run once
+        (``src.models.shared_prefix``), else every row runs its whole sequence.
+        """
+        logits = response_logits(model, ids, mask, position_ids(mask), width, groups)
+        logp, ent = token_log_probs_and_entropy(logits, ids[:, -width:], temperatures)
         return logp, (ent if entropy else None)
+
+    def _prompt_groups(self, rb: RolloutBatch) -> torch.Tensor | None:
+        """[N] group of each row by identical prompt (CPU), or None with the shared forward off."""
+        if not self.algo.shared_prompt_forward:
+            return None
+        return prompt_groups(rb.input_ids, rb.attention_mask, rb.response_mask.shape[1]).cpu()
 
     def _row_temperatures(self, rb: RolloutBatch) -> torch.Tensor:
         """[N] sampling temperature of each row. Greedy rows (T <= 0) are scored at T = 1."""
@@ -205,28 +216,40 @@ class ToolRouterModule(pl.LightningModule):
             temps = rb.temperatures.float()
         return torch.where(temps > 0, temps, torch.ones_like(temps)).to(self.device)
 
-    @torch.no_grad()
-    def _frozen_log_probs(self, rb: RolloutBatch, which: str, temps: torch.Tensor) -> torch.Tensor:
-        """No-grad log-probs [N, T] of the current actor (``old``) or the reference (``ref``)."""
-        width, out = rb.response_mask.shape[1], []
-        for idx in torch.arange(len(rb)).split(self.algo.micro_batch_size):
-            ids, mask = rb.input_ids[idx].to(self.device), rb.attention_mask[idx].to(self.device)
-            if which == "old":
-                out.append(self._token_stats(self.actor, ids, mask, width, temps[idx])[0])
-            elif self.reference is not None:
-                out.append(self._token_stats(self.reference, ids, mask, width, temps[idx])[0])
-            else:  # LoRA: the reference is the base model with adapters disabled
-                with self.actor.disable_adapter():
-                    out.append(self._token_stats(self.actor, ids, mask, width, temps[idx])[0])
-        return torch.cat(out)
+    def _frozen_model(self, which: str):
+        """(model, context) of a frozen pass: the actor (``old``) or the reference (``ref``)."""
+        if which == "old":
+            return self.actor, contextlib.nullcontext()
+        if self.reference is not None:
+            return self.reference, contextlib.nullcontext()
+        return self.actor, self.actor.disable_adapter()  # LoRA: the base model, adapters disabled
 
-    def _old_log_probs(self, rb: RolloutBatch, n_minibatches: int, temps: torch.Tensor):
+    @torch.no_grad()
+    def _frozen_log_probs(
+        self, rb: RolloutBatch, which: str, temps: torch.Tensor, groups=None
+    ) -> torch.Tensor:
+        """No-grad log-probs [N, T] of the current actor (``old``) or the reference (``ref``).
+
+        With ``groups`` the rows run sorted by prompt group (so a micro-batch holds whole groups
+        for the shared-prompt forward) and come back in their own order.
+        """
+        width, out = rb.response_mask.shape[1], []
+        order = torch.arange(len(rb)) if groups is None else torch.argsort(groups, stable=True)
+        model, context = self._frozen_model(which)
+        with context:
+            for idx in order.split(self.algo.micro_batch_size):
+                ids, mask = rb.input_ids[idx].to(self.device), rb.attention_mask[idx].to(self.device)
+                sub = None if groups is None else groups[idx]
+                out.append(self._token_stats(model, ids, mask, width, temps[idx], groups=sub)[0])
+        return torch.cat(out)[torch.argsort(order).to(self.device)]
+
+    def _old_log_probs(self, rb: RolloutBatch, n_minibatches: int, temps: torch.Tensor, groups=None):
         """Old log-probs [N, T], or None when one update uses them (ratio 1: no pass needed)."""
         if n_minibatches == 1:
             return None
         if self.algo.old_log_prob_source == "rollout":
             return rb.rollout_log_probs.float().to(self.device)
-        return self._frozen_log_probs(rb, "old", temps)
+        return self._frozen_log_probs(rb, "old", temps, groups)
 
     # ------------------------------------------------------------------ advantages
     def _advantages(self, rb: RolloutBatch) -> torch.Tensor:
@@ -241,14 +264,15 @@ class ToolRouterModule(pl.LightningModule):
         adv = self.loss_module.advantages(rb.rewards, rb.uids)
         return adv[:, None] * mask
 
-    def _loss_inputs(self, rb: RolloutBatch, n_minibatches: int) -> LossInputs:
+    def _loss_inputs(self, rb: RolloutBatch, n_minibatches: int, groups=None) -> LossInputs:
         temps = self._row_temperatures(rb)
         return LossInputs(
             advantages=self._advantages(rb).to(self.device),
             mask=rb.response_mask.float().to(self.device),
             temperatures=temps,
-            old_log_probs=self._old_log_probs(rb, n_minibatches, temps),
-            ref_log_probs=self._frozen_log_probs(rb, "ref", temps) if self.kl_on else None,
+            old_log_probs=self._old_log_probs(rb, n_minibatches, temps, groups),
+            ref_log_probs=self._frozen_log_probs(rb, "ref", temps, groups) if self.kl_on else None,
+            groups=groups,
         )
 
     def _optimizers(self):
@@ -256,20 +280,29 @@ class ToolRouterModule(pl.LightningModule):
         opts = opts if isinstance(opts, list) else [opts]
         return opts[0], (opts[1] if len(opts) > 1 else None)
 
-    def _minibatches(self, n: int) -> list[torch.Tensor]:
-        """Row indices of each optimizer step: ``ppo_epochs`` shuffles split into minibatches."""
+    def _minibatches(self, n: int, groups: torch.Tensor | None = None) -> list[torch.Tensor]:
+        """Row indices of each optimizer step: ``ppo_epochs`` shuffles split into minibatches.
+
+        With ``groups`` each minibatch's rows are sorted by prompt group, so its micro-batches hold
+        whole groups for the shared-prompt forward; the minibatch's rows (and so its loss, a sum
+        over rows with one shared normaliser) do not change.
+        """
         mini = self.algo.ppo_mini_batch_size or n
         generator = torch.Generator().manual_seed(self.seed + self.global_step)
-        return [
+        chunks = [
             c for _ in range(self.algo.ppo_epochs) for c in torch.randperm(n, generator=generator).split(mini)
         ]
+        if groups is None:
+            return chunks
+        return [c[torch.argsort(groups[c], stable=True)] for c in chunks]
 
     # ------------------------------------------------------------------ training
     def training_step(self, batch: PromptBatch, batch_idx: int):
         rb = _attached_rollout(batch)
         t0 = time.perf_counter()
-        chunks = self._minibatches(len(rb))
-        inputs = self._loss_inputs(rb, len(chunks))
+        groups = self._prompt_groups(rb)
+        chunks = self._minibatches(len(rb), groups)
+        inputs = self._loss_inputs(rb, len(chunks), groups)
         router_loss_value, metrics = self._router_update(rb)
         metrics.update(self._actor_updates(rb, inputs, chunks, router_loss_value))
         self.lr_schedulers().step()
@@ -347,7 +380,10 @@ class ToolRouterModule(pl.LightningModule):
         algo, lm, width = self.algo, self.loss_module, rb.response_mask.shape[1]
         ids, attn = rb.input_ids[micro].to(self.device), rb.attention_mask[micro].to(self.device)
         mask = inputs.mask[micro]
-        logp, ent = self._token_stats(self.actor, ids, attn, width, inputs.temperatures[micro], entropy=True)
+        groups = None if inputs.groups is None else inputs.groups[micro]
+        logp, ent = self._token_stats(
+            self.actor, ids, attn, width, inputs.temperatures[micro], entropy=True, groups=groups
+        )
         old = logp.detach() if inputs.old_log_probs is None else inputs.old_log_probs[micro]
         out = lm.policy_loss(logp, old, inputs.advantages[micro], mask)
         pg = lm.aggregate(out.loss, mask, norm)
@@ -400,13 +436,19 @@ class ToolRouterModule(pl.LightningModule):
         adv_fn = advantage_fn(cfg.adv_estimator, cfg.norm_adv_by_std, self.algo.adv_eps, {}, "router")
         adv = adv_fn(r.reward, rb.uids).to(self.device)
         return router_loss(
-            logits, r.action.to(self.device), adv, self._router_entropy_coef(), cfg.sup_coef,
+            logits,
+            r.action.to(self.device),
+            adv,
+            self._router_entropy_coef(),
+            cfg.sup_coef,
             r.target.to(self.device),
         )
 
     def _router_entropy_coef(self) -> float:
         cfg = self.router_cfg
-        return linear_decay(self.global_step, cfg.entropy_coef, cfg.entropy_coef_final, cfg.entropy_decay_steps)
+        return linear_decay(
+            self.global_step, cfg.entropy_coef, cfg.entropy_coef_final, cfg.entropy_decay_steps
+        )
 
 
 def _attached_rollout(batch) -> RolloutBatch:

@@ -1,0 +1,152 @@
+"""Teacher-forced logits of responses with each shared prompt run once (pure torch + an HF causal LM).
+
+A training batch holds G responses per prompt: ``[prompt | response]`` rows with the prompt
+left-padded to P and the response right-padded to T. The plain forward runs all N = Σ G rows over
+P + T tokens, so every prompt goes through the model G times. The shared forward runs each unique
+prompt once with a ``DynamicCache``, selects the cache rows of every response
+(``DynamicCache.batch_select_indices``, an index into the key/value tensors, so gradients flow back
+into the one prompt pass), then runs only the response tokens on top of that cache.
+
+Both return the logits that predict the T response tokens: position P - 1 (the last prompt token)
+predicts response token 0, position P + t - 1 predicts response token t, i.e. the plain forward's
+``model(..., logits_to_keep=T + 1).logits[:, :-1]``. The last response token is never an input
+that another kept logit depends on, so the shared forward does not feed it.
+
+The shared forward falls back to the plain one where it cannot apply or would not pay: no group
+with more than one row, no prompt or response columns, gradient checkpointing in training (HF drops
+the cache there), sliding-window layers, or a model that returns no cache.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+def prompt_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, width: int) -> torch.Tensor:
+    """Group index [N] (0..U-1) of each row: rows with the same prompt (P = L - width columns).
+
+    input_ids, attention_mask: [N, L]. Prompts are compared on their attended tokens and their
+    padding (ids under the mask are ignored), so rows of one group give identical prompt states.
+    """
+    prompt_len = input_ids.shape[1] - width
+    if prompt_len <= 0:
+        return torch.arange(input_ids.shape[0], device=input_ids.device)
+    mask = attention_mask[:, :prompt_len].long()
+    key = input_ids[:, :prompt_len].long().masked_fill(mask == 0, -1)
+    return torch.unique(key, dim=0, return_inverse=True)[1]
+
+
+def plain_response_logits(
+    model, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, width: int
+) -> torch.Tensor:
+    """The full forward over all rows. -> [N, width, V] logits predicting the response tokens."""
+    out = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        logits_to_keep=width + 1,
+    )
+    return out.logits[:, :-1]
+
+
+def _representatives(groups: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(first row of each group [U], group of each row as 0..U-1 [N]) for any group ids [N]."""
+    _, inverse = torch.unique(groups, return_inverse=True)
+    n, n_groups = groups.shape[0], int(inverse.max()) + 1
+    rows = torch.arange(n, device=groups.device)
+    first = torch.full((n_groups,), n, dtype=torch.long, device=groups.device)
+    first = first.scatter_reduce(0, inverse, rows, reduce="amin")
+    return first, inverse
+
+
+def _checkpointing(model) -> bool:
+    """Activation (gradient) checkpointing on: HF then drops the cache inside the layers."""
+    flag = getattr(model, "is_activation_checkpointing", None)  # transformers >= 5.2
+    if flag is None:
+        flag = getattr(model, "is_gradient_checkpointing", False)
+    return bool(flag)
+
+
+def _uses_sliding_window(model) -> bool:
+    config = getattr(model, "config", None)
+    return "sliding_attention" in (getattr(config, "layer_types", None) or [])
+
+
+def can_share(model, groups: torch.Tensor, prompt_len: int, width: int) -> bool:
+    """Whether the shared forward applies and saves work (some group has two rows or more)."""
+    if prompt_len <= 0 or width <= 0 or groups.numel() == 0:
+        return False
+    if model.training and _checkpointing(model):
+        return False
+    if _uses_sliding_window(model):
+        return False
+    return int(torch.unique(groups).numel()) < groups.shape[0]
+
+
+def shared_prompt_logits(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    groups: torch.Tensor,
+    width: int,
+) -> torch.Tensor:
+    """Logits of the response tokens with each group's prompt processed once.
+
+    model: an HF causal LM (or a peft wrapper of one) that takes ``past_key_values`` / ``use_cache``.
+    input_ids, attention_mask, position_ids: [N, P + T], prompts left-padded to P, responses
+        right-padded to T = ``width``; position ids as the plain forward gets them.
+    groups: [N] any ids; rows with equal ids must have the same prompt (``prompt_groups``).
+    Returns [N, T, V]: entry t predicts response token t (same values as ``plain_response_logits``).
+    """
+    total = input_ids.shape[1]
+    prompt_len = total - width
+    if not can_share(model, groups, prompt_len, width):
+        return plain_response_logits(model, input_ids, attention_mask, position_ids, width)
+    from transformers import DynamicCache
+
+    first, inverse = _representatives(groups.to(input_ids.device))
+    prompt = model(
+        input_ids=input_ids[first, :prompt_len],
+        attention_mask=attention_mask[first, :prompt_len],
+        position_ids=position_ids[first, :prompt_len],
+        past_key_values=DynamicCache(),
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    cache = getattr(prompt, "past_key_values", None)
+    if cache is None or cache.get_seq_length() != prompt_len:
+        log.warning(
+            "the model returned no usable KV cache: shared-prompt forward falls back to the plain one"
+        )
+        return plain_response_logits(model, input_ids, attention_mask, position_ids, width)
+    last_prompt = prompt.logits[:, -1:][inverse]  # [N, 1, V] predicts response token 0
+    if width == 1:
+        return last_prompt
+    cache.batch_select_indices(inverse)  # [U, ...] -> [N, ...], differentiable
+    response = model(
+        input_ids=input_ids[:, prompt_len:-1],
+        attention_mask=attention_mask[:, :-1],
+        position_ids=position_ids[:, prompt_len:-1],
+        past_key_values=cache,
+        use_cache=True,
+    )
+    return torch.cat([last_prompt, response.logits], dim=1)
+
+
+def response_logits(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    width: int,
+    groups: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """[N, width, V] response logits: shared-prompt forward when ``groups`` is given, else plain."""
+    if groups is None:
+        return plain_response_logits(model, input_ids, attention_mask, position_ids, width)
+    return shared_prompt_logits(model, input_ids, attention_mask, position_ids, groups, width)

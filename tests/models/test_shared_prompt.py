@@ -1,0 +1,209 @@
+"""The shared-prompt forward on the real tiny model: the same log-probs, entropies and gradients as
+the plain full forward (uneven left padding, groups of different sizes in any row order,
+temperature, LoRA), the module's passes and minibatches with it, and where it falls back."""
+
+import copy
+
+import pytest
+import torch
+
+from src.algorithms.losses import token_log_probs_and_entropy
+from src.config.schema import AlgorithmConfig, OptimConfig, RouterHeadConfig
+from src.models.loading import LoraSettings, load_causal_lm
+from src.models.module import ToolRouterModule, position_ids
+from src.models.shared_prefix import plain_response_logits, prompt_groups, shared_prompt_logits
+from src.rollout.batch import RolloutBatch
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+GROUP_SIZES = [3, 1, 5, 2]  # one row alone, the others shared
+PROMPT_LENGTHS = [9, 2, 6, 1]  # left padding differs between prompts (P = 9)
+
+
+def random_batch(vocab: int, seed: int = 0, width: int = 7, shuffle: bool = True):
+    """(input_ids, attention_mask, group ids) [N, P + width]: random prompts and responses, response
+    lengths 0..width (right padding), rows of a group scattered over the batch when ``shuffle``."""
+    g = torch.Generator().manual_seed(seed)
+    width_p = max(PROMPT_LENGTHS)
+    rows = []
+    for group, (size, length) in enumerate(zip(GROUP_SIZES, PROMPT_LENGTHS)):
+        prompt = torch.randint(5, vocab, (length,), generator=g)
+        rows += [(group, prompt, int(torch.randint(0, width + 1, (), generator=g))) for _ in range(size)]
+    if shuffle:
+        rows = [rows[i] for i in torch.randperm(len(rows), generator=g)]
+    ids = torch.zeros(len(rows), width_p + width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, (_, prompt, length) in enumerate(rows):
+        ids[i, width_p - len(prompt) : width_p], mask[i, width_p - len(prompt) : width_p] = prompt, 1
+        ids[i, width_p : width_p + length] = torch.randint(5, vocab, (length,), generator=g)
+        mask[i, width_p : width_p + length] = 1
+    return ids, mask, torch.tensor([r[0] for r in rows])
+
+
+def scores(model, ids, mask, groups, width, temperatures, shared: bool):
+    """(log-probs [N, T], entropy [N, T], gradients of a weighted masked sum) of one forward."""
+    model.zero_grad()
+    pos = position_ids(mask)
+    if shared:
+        logits = shared_prompt_logits(model, ids, mask, pos, groups, width)
+    else:
+        logits = plain_response_logits(model, ids, mask, pos, width)
+    logp, ent = token_log_probs_and_entropy(logits, ids[:, -width:], temperatures)
+    resp_mask = mask[:, -width:].float()
+    weights = torch.linspace(-1.0, 2.0, logp.numel()).view_as(logp)
+    ((logp * weights + 0.1 * ent) * resp_mask).sum().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return logp.detach() * resp_mask, ent.detach() * resp_mask, grads
+
+
+def assert_same(model, ids, mask, groups, width, temperatures):
+    plain = scores(model, ids, mask, groups, width, temperatures, shared=False)
+    shared = scores(model, ids, mask, groups, width, temperatures, shared=True)
+    torch.testing.assert_close(shared[0], plain[0], rtol=0, atol=4e-6)
+    torch.testing.assert_close(shared[1], plain[1], rtol=0, atol=4e-6)
+    assert shared[2].keys() == plain[2].keys() and len(plain[2]) > 0
+    for name, grad in plain[2].items():
+        scale = float(grad.abs().max())
+        assert scale > 0, name
+        assert float((shared[2][name] - grad).abs().max()) <= 1e-5 * scale, name
+
+
+@pytest.fixture
+def model(tiny):
+    return copy.deepcopy(tiny[0]).eval()  # eval: no dropout, so two passes are comparable
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_same_log_probs_entropy_and_gradients(model, shuffle, temperature):
+    ids, mask, groups = random_batch(model.config.vocab_size, seed=1, shuffle=shuffle)
+    temps = torch.full((len(ids),), temperature)
+    assert_same(model, ids, mask, groups, 7, temps)
+
+
+def test_per_row_temperatures_and_a_one_token_response(model):
+    ids, mask, groups = random_batch(model.config.vocab_size, seed=2, width=1)
+    temps = torch.linspace(0.5, 1.5, len(ids))
+    assert_same(model, ids, mask, groups, 1, temps)
+
+
+def test_lora_model(tiny_model_dir):
+    model = load_causal_lm(tiny_model_dir, lora=LoraSettings(enable=True)).eval()
+    with torch.no_grad():  # B starts at zero: give the adapters an effect and A a gradient
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05, generator=torch.Generator().manual_seed(len(name)))
+    ids, mask, groups = random_batch(model.config.vocab_size, seed=3)
+    temps = torch.full((len(ids),), 0.8)
+    assert_same(model, ids, mask, groups, 7, temps)
+    with model.disable_adapter(), torch.no_grad():  # the LoRA reference pass
+        pos = position_ids(mask)
+        plain = plain_response_logits(model, ids, mask, pos, 7)
+        shared = shared_prompt_logits(model, ids, mask, pos, groups, 7)
+    torch.testing.assert_close(shared, plain, rtol=0, atol=4e-6)
+
+
+def test_prompt_groups_follow_the_attended_prompt(model):
+    ids, mask, groups = random_batch(model.config.vocab_size, seed=4)
+    found = prompt_groups(ids, mask, 7)
+    # same partition as the construction's groups
+    assert torch.equal(found[:, None] == found[None], groups[:, None] == groups[None])
+    garbled = ids.clone()
+    garbled[mask == 0] = 3  # ids under the mask do not matter
+    assert torch.equal(prompt_groups(garbled, mask, 7), found)
+    shifted_mask = mask.clone()
+    row = int((mask[:, :9].sum(1) == 6).nonzero()[0])  # one of the group of 5
+    shifted_mask[row, 2] = 1  # one more attended prompt token: another prompt
+    assert int(prompt_groups(ids, shifted_mask, 7).unique().numel()) == len(GROUP_SIZES) + 1
+
+
+def count_calls(model) -> list[int]:
+    calls = [0]
+    model.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+    return calls
+
+
+def test_falls_back_to_the_plain_forward_where_sharing_cannot_apply_or_pay(model):
+    ids, mask, groups = random_batch(model.config.vocab_size, seed=5)
+    pos = position_ids(mask)
+    calls = count_calls(model)
+    with torch.no_grad():
+        plain = plain_response_logits(model, ids, mask, pos, 7)
+        shared_prompt_logits(model, ids, mask, pos, groups, 7)
+        assert calls[0] == 3  # plain + (prompts, responses)
+        alone = shared_prompt_logits(model, ids, mask, pos, torch.arange(len(ids)), 7)
+        assert calls[0] == 4  # no group shares a prompt: one plain forward
+        getattr(model, "activation_checkpointing_enable", model.gradient_checkpointing_enable)()
+        model.train()
+        checkpointed = shared_prompt_logits(model, ids, mask, pos, groups, 7)
+        assert calls[0] == 5  # HF drops the cache under gradient checkpointing
+    torch.testing.assert_close(alone, plain, rtol=0, atol=0)
+    torch.testing.assert_close(checkpointed, plain, rtol=0, atol=4e-6)
+
+
+# ---------------------------------------------------------------- the module
+
+
+def make_module(tiny, shared: bool, **algo) -> ToolRouterModule:
+    model = copy.deepcopy(tiny[0]).eval()
+    cfg = AlgorithmConfig(shared_prompt_forward=shared, **algo)
+    module = ToolRouterModule(
+        model, cfg, OptimConfig(), RouterHeadConfig(), reference_factory=lambda: copy.deepcopy(tiny[0])
+    )
+    module.manual_backward = lambda loss: loss.backward()  # no Trainer here: plain autograd
+    module.setup("fit")
+    with torch.no_grad():  # the actor moves away from the reference, so KL is not zero
+        for p in module.actor.parameters():
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())) * 0.02)
+    return module
+
+
+def rollout(vocab: int) -> RolloutBatch:
+    ids, mask, groups = random_batch(vocab, seed=6)
+    n, g = len(ids), torch.Generator().manual_seed(7)
+    return RolloutBatch(
+        input_ids=ids,
+        attention_mask=mask,
+        response_mask=mask[:, -7:].float(),
+        rewards=torch.randn(n, generator=g),
+        uids=groups.tolist(),
+        rollout_log_probs=-3 + torch.randn(n, 7, generator=g),
+        temperatures=torch.linspace(0.7, 1.2, n),
+    )
+
+
+def step_gradients(module: ToolRouterModule, rb: RolloutBatch):
+    """(loss inputs, metric shares, gradients) of the first minibatch, as training_step runs it."""
+    groups = module._prompt_groups(rb)
+    chunks = module._minibatches(len(rb), groups)
+    inputs = module._loss_inputs(rb, len(chunks), groups)
+    module.actor.zero_grad()
+    parts = module._minibatch_backward(rb, chunks[0], inputs, None)
+    grads = {n: p.grad.clone() for n, p in module.actor.named_parameters() if p.grad is not None}
+    return chunks, inputs, parts, grads
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_module_step_is_the_same_with_the_shared_forward(tiny, mode):
+    """PPO minibatches (old pass), KL (reference pass), entropy; micro-batches that cut groups."""
+    algo = {"loss_agg_mode": mode, "ppo_mini_batch_size": 8, "micro_batch_size": 3}
+    algo |= {"entropy_coeff": 0.01, "kl_coef": 0.1}
+    rb = rollout(tiny[0].config.vocab_size)
+    plain = step_gradients(make_module(tiny, False, **algo), rb)
+    shared = step_gradients(make_module(tiny, True, **algo), rb)
+    # the same rows per minibatch, grouped by prompt in the shared module's
+    for a, b in zip(plain[0], shared[0]):
+        assert sorted(a.tolist()) == sorted(b.tolist())
+        groups = prompt_groups(rb.input_ids, rb.attention_mask, 7)[b]
+        assert torch.equal(groups, groups.sort().values)
+    for name in ("old_log_probs", "ref_log_probs"):
+        torch.testing.assert_close(getattr(shared[1], name), getattr(plain[1], name), rtol=0, atol=4e-6)
+    assert plain[2].keys() == shared[2].keys() >= {"train/pg_loss", "train/kl", "train/entropy"}
+    for key, value in plain[2].items():
+        assert shared[2][key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
+    for name, grad in plain[3].items():
+        assert float((shared[3][name] - grad).abs().max()) <= 1e-5 * float(grad.abs().max()), name
+
+
+def test_shared_forward_is_on_by_default():
+    assert AlgorithmConfig().shared_prompt_forward is True
