@@ -60,7 +60,6 @@ class RolloutBatch:
     rows: list[dict[str, Any]] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
     episodes: list[Any] | None = None
-    temperatures: torch.Tensor | None = None
 
     @property
     def prompt_width(self) -> int:
