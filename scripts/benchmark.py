@@ -22,6 +22,21 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
+def step_model_flops(n_params: int, tokens: float, gen_tokens: float, cfg) -> float:
+    """FLOPs the step needs (MFU's numerator), not the FLOPs a naive implementation spends.
+
+    2N per generated token; 6N per token of the training forward + backward and 2N per token of the
+    reference pass when KL is on, where a prompt counts once per group of G responses (it has to be
+    processed once, and with ``algorithm.shared_prompt_forward`` it is). The PPO old-log-prob pass
+    is left out: with one epoch over one mini-batch it does not run, and with several the generation
+    step's own log-probs can replace it (``algorithm.old_log_prob_source: rollout``).
+    """
+    group = max(int(cfg.sampling.n_generations_per_prompt), 1)
+    needed = (tokens - gen_tokens) / group + gen_tokens
+    per_token = 6 + (2 if cfg.algorithm.use_kl_loss else 0)
+    return 2 * n_params * gen_tokens + per_token * n_params * needed
+
+
 def matmul_tflops(dtype: torch.dtype, device: str, n: int = 4096, iters: int = 20) -> float:
     """Measured dense matmul rate of the device for ``dtype`` (TFLOP/s)."""
     if device == "cpu":
@@ -75,12 +90,9 @@ def main(overrides: list[str]) -> dict:
 
     n_params = sum(p.numel() for p in module.actor.parameters())
     step_s = avg("timing/step_s")
-    tokens = avg("train/tokens_per_sec") * step_s  # tokens processed per step (prompt + response)
+    tokens = avg("train/tokens_per_sec") * step_s  # tokens of the batch per step (prompt + response)
     gen_tokens = avg("rollout/generated_tokens")
-    # 2N per generated token; 2N per batch token for each frozen pass (old, and the reference when
-    # KL is on); 6N per batch token for the training forward + backward
-    frozen_passes = 2 if cfg.algorithm.use_kl_loss else 1
-    flops = 2 * n_params * gen_tokens + (2 * frozen_passes + 6) * n_params * tokens
+    flops = step_model_flops(n_params, tokens, gen_tokens, cfg)
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     peak = matmul_tflops(dtype, device)
     result = {
