@@ -17,7 +17,9 @@ def long_functions(root: Path, limit: int) -> list[str]:
                 start = min([node.lineno, *(d.lineno for d in node.decorator_list)])
                 length = node.end_lineno - start + 1
                 if length > limit:
-                    found.append(f"{path.relative_to(root.parent)}:{node.lineno} {node.name} ({length} lines)")
+                    found.append(
+                        f"{path.relative_to(root.parent)}:{node.lineno} {node.name} ({length} lines)"
+                    )
     return found
 
 
