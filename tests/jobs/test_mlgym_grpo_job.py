@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_mlgym_grpo_two_steps(tmp_path):
