@@ -50,6 +50,7 @@ ROUTER_RUN_OVERRIDES = [
     "sampling.max_new_tokens=16",
     "router.lambda_lr=5.0",
     "trainer.save_freq=2",
+    "trainer.val_check_interval=2",  # validation and the route confusion text every 2 steps
 ]
 
 

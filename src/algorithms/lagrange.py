@@ -1,4 +1,4 @@
-"""Dual ascent on the tool budget, and the running averages the λ callback keeps.
+"""The Lagrangian reward, dual ascent on the tool budget, and running averages.
 
 The router maximises r_task − λ·cost subject to E[cost] ≤ B; λ moves by projected gradient
 ascent on the dual: λ ← max(0, λ + η·(Ê[cost] − B)). λ grows while the policy overspends and
@@ -8,9 +8,23 @@ decays to 0 once it is under budget.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["EMA", "RunningMean", "lagrange_update"]
+import torch
+
+__all__ = ["EMA", "DualSettings", "RunningMean", "lagrange_update", "lagrangian_reward", "window_lagrange_step"]
+
+
+@dataclass(frozen=True)
+class DualSettings:
+    """λ's update: every ``every_k`` steps, dual ascent with rate ``lr`` on the mean cost of the
+    window against ``budget``; then clipped at ``lambda_max`` (None: no cap)."""
+
+    budget: float
+    lr: float
+    every_k: int = 1
+    lambda_max: float | None = None
 
 
 def _finite(name: str, value: float) -> float:
@@ -18,6 +32,13 @@ def _finite(name: str, value: float) -> float:
     if not math.isfinite(value):
         raise ValueError(f"{name} must be a finite number, got {value!r}")
     return value
+
+
+def lagrangian_reward(task_rewards: torch.Tensor, costs: torch.Tensor, lam: float) -> torch.Tensor:
+    """r_router = r_task − λ·cost. [N], [N] -> [N] float32 (seed 001's Lagrangian relaxation)."""
+    if lam < 0 or not math.isfinite(float(lam)):
+        raise ValueError(f"lam must be a finite number >= 0, got {lam!r}")
+    return task_rewards.float() - float(lam) * costs.float()
 
 
 def lagrange_update(lam: float, mean_cost: float, budget: float, lr: float) -> float:
@@ -32,6 +53,25 @@ def lagrange_update(lam: float, mean_cost: float, budget: float, lr: float) -> f
     if lr < 0:
         raise ValueError(f"lr must be >= 0, got {lr}")
     return max(0.0, lam + lr * (mean_cost - budget))
+
+
+def window_lagrange_step(lam: float, window: torch.Tensor, dual: DualSettings) -> tuple[float, dict[str, float]]:
+    """λ after one window. window: [3] (cost sum, task-reward sum, rollout count) over every rank.
+
+    Returns (new λ, scalars ``train/lambda_next``, ``train/cost_window_mean``,
+    ``train/reward_task_window_mean``).
+    """
+    count = max(float(window[2]), 1.0)
+    mean_cost = float(window[0]) / count
+    new = lagrange_update(lam, mean_cost, dual.budget, dual.lr)
+    if dual.lambda_max is not None:
+        new = min(new, float(dual.lambda_max))
+    scalars = {
+        "train/lambda_next": new,
+        "train/cost_window_mean": mean_cost,
+        "train/reward_task_window_mean": float(window[1]) / count,
+    }
+    return new, scalars
 
 
 class RunningMean:

@@ -1,28 +1,16 @@
 """KL estimators, token log-probs/entropy and the router loss: pure tensor functions.
 
 Shapes: B sequences, T response tokens. Policy losses live in ``policy_losses.py`` and
-aggregation in ``aggregation.py`` (re-exported here for older imports).
+aggregation in ``aggregation.py``.
 """
 
 from __future__ import annotations
 
 import torch
 
-from src.algorithms.aggregation import LOSS_AGG, aggregate, normaliser
-from src.algorithms.policy_losses import POLICY_LOSSES, PolicyLossOutput, ppo_clip_loss
 from src.algorithms.registry import Registry
 
-__all__ = [
-    "KL_ESTIMATORS",
-    "LOSS_AGG",
-    "POLICY_LOSSES",
-    "PolicyLossOutput",
-    "aggregate",
-    "normaliser",
-    "ppo_clip_loss",
-    "router_loss",
-    "token_log_probs_and_entropy",
-]
+__all__ = ["KL_ESTIMATORS", "router_loss", "token_log_probs_and_entropy"]
 
 KL_ESTIMATORS: Registry = Registry("KL estimator")
 

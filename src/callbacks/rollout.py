@@ -1,66 +1,59 @@
-"""Lightning callback that produces the rollout batch before each training and validation step."""
+"""The one callback that runs the rollout pipeline: once per step, and the one weight sync after it."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from typing import Any
 
 import lightning.pytorch as pl
-import torch
 
 from src.rollout.batch import PromptBatch
-from src.rollout.engine import SamplingParams
+from src.rollout.pipeline import RolloutPipeline
 
 log = logging.getLogger(__name__)
 
 
 class RolloutCallback(pl.Callback):
-    """Calls ``collector.collect(records, step, lam)`` in ``on_train_batch_start`` and attaches the
-    result to the step's batch (``PromptBatch.rollout``); syncs the engine's weights after each step.
-
-    ``collector_factory(pl_module)`` builds the collector once the module is on its device (the
-    engine generates with the module's own actor, or a vLLM copy kept in sync).
+    """``on_train_batch_start``: ``pipeline.rollout`` puts the step's :class:`RolloutBatch` on the
+    batch (nothing else writes it) and its scalars in the log; ``on_train_batch_end``:
+    ``pipeline.sync_weights``. ``on_fit_start`` builds the pipeline's one engine and syncs it to
+    the (possibly resumed) weights. The pipeline's state (curriculum, replay buffer) is this
+    callback's checkpointed state.
     """
 
-    def __init__(
-        self,
-        collector_factory: Callable[[pl.LightningModule], object],
-        seed: int = 0,
-        eval_sampling: SamplingParams | None = None,
-    ):
-        self.collector_factory = collector_factory
-        self.collector = None
-        self.seed = seed
-        self.eval_sampling = eval_sampling
+    def __init__(self, pipeline: RolloutPipeline):
+        self.pipeline = pipeline
 
     def on_fit_start(self, trainer, pl_module) -> None:
-        self.collector = self.collector_factory(pl_module)
-
-    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
-        """Validation rollouts: the eval sampling (greedy, one per prompt by default), no weight update."""
-        if self.eval_sampling is None:
-            raise ValueError("validation needs rollout eval sampling (single-turn collectors only)")
-        _prompt_batch(batch).rollout = self.collector.collect(
-            batch.records,
-            step=trainer.global_step,
-            lam=float(pl_module.lagrange_lambda),
-            sampling=self.eval_sampling,
-        )
+        self.pipeline.start(pl_module, trainer.global_step)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + trainer.global_step)
-        torch.manual_seed(self.seed * 1_000_003 + trainer.global_step)  # sampling in generate
-        batch = _prompt_batch(batch)
-        # a lesson's own sampling (curriculum) reaches single-turn collectors only
-        extra = {"sampling": batch.sampling} if batch.sampling is not None else {}
-        batch.rollout = self.collector.collect(
-            batch.records, step=trainer.global_step, lam=float(pl_module.lagrange_lambda), generator=generator, **extra
+        rollout, scalars = self.pipeline.rollout(
+            _prompt_batch(batch).records, trainer.global_step, pl_module.current_lambda()
         )
+        batch.rollout = rollout
+        if scalars:
+            pl_module.log_dict(scalars, on_step=True, logger=True)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        engine = getattr(self.collector, "engine", None)
-        if engine is not None and type(engine).__name__ != "HFGenerateEngine":
-            engine.update_weights({k: v.detach() for k, v in pl_module.actor.state_dict().items()})
+        self.pipeline.sync_weights(pl_module, trainer.global_step)
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
+        _prompt_batch(batch).rollout = self.pipeline.evaluate(
+            batch.records, trainer.global_step, pl_module.current_lambda()
+        )
+
+    def on_fit_end(self, trainer, pl_module) -> None:
+        self.pipeline.close()
+
+    def teardown(self, trainer, pl_module, stage: str) -> None:
+        self.pipeline.close()
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.pipeline.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.pipeline.load_state_dict(state_dict)
 
 
 def _prompt_batch(batch) -> PromptBatch:

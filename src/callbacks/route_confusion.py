@@ -1,12 +1,15 @@
 """Weak label × route confusion of the training rollouts, written to TensorBoard as text
-(``train/route_confusion``) every N steps, over the rollouts since the last write."""
+(``train/route_confusion``) every N steps (the job passes ``trainer.val_check_interval``), over
+the rollouts since the last write. The rollouts are the training step's outputs (``outputs["rollout"]``)."""
 
 from __future__ import annotations
 
 import logging
 
 import lightning.pytorch as pl
+from lightning.pytorch.loggers import TensorBoardLogger
 
+from src.callbacks.rollout_logger import step_rollout
 from src.rollout.metrics import confusion_markdown, route_accuracy, route_confusion
 
 log = logging.getLogger(__name__)
@@ -21,9 +24,11 @@ class RouteConfusionLogger(pl.Callback):
         self.routes: list[str] = []
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        rb = getattr(pl_module, "last_rollout", None)
-        if rb is None or not rb.rows or "weak_label" not in rb.rows[0]:
+        rb = step_rollout(outputs)
+        if rb is None or not rb.rows:
             return
+        if "weak_label" not in rb.rows[0]:
+            raise KeyError("train/route_confusion needs routed rollouts (rows with weak_label and route)")
         self.labels += [r["weak_label"] for r in rb.rows]
         self.routes += [r["route"] for r in rb.rows]
         step = trainer.global_step
@@ -39,9 +44,9 @@ class RouteConfusionLogger(pl.Callback):
             f"steps up to {step}, {len(self.labels)} rollouts: "
             f"route_acc_answer {_fmt(acc_answer)}, route_acc_family {_fmt(acc_family)}\n\n"
         )
-        experiment = getattr(trainer.logger, "experiment", None)
-        if hasattr(experiment, "add_text"):
-            experiment.add_text(TAG, header + text, global_step=step)
+        for logger in trainer.loggers:
+            if isinstance(logger, TensorBoardLogger):
+                logger.experiment.add_text(TAG, header + text, global_step=step)
         log.info("route confusion (weak label x route) %s\n%s", header.strip(), text)
         self.labels, self.routes = [], []
 

@@ -26,9 +26,9 @@ __all__ = [
     "evaluate_api_bank",
     "level_table",
     "load_api_bank",
-    "markdown_table",
     "make_model_generator",
     "make_run_generator",
+    "markdown_table",
     "write_level_table",
 ]
 
@@ -155,12 +155,12 @@ def write_level_table(table: pd.DataFrame, rows: pd.DataFrame, out_dir: str | Pa
 
 # ---------------------------------------------------------------------------- generators
 def _engine(engine: str, model, model_dir: Path, tokenizer, batch_size: int, max_len: int):
-    from src.rollout.engine import HFGenerateEngine
+    from src.rollout.engines.hf import HFGenerateEngine
 
     if engine == "hf":
         return HFGenerateEngine(model, tokenizer.pad_token_id, [tokenizer.eos_token_id], batch_size)
     if engine == "vllm":
-        from src.rollout.vllm_engine import VLLMEngine
+        from src.rollout.engines.vllm_colocated import VLLMEngine
 
         return VLLMEngine(str(model_dir), 0.4, "bfloat16", max_len, pad_token_id=tokenizer.pad_token_id)
     raise ValueError(f"engine={engine!r}; expected 'hf' or 'vllm'")
@@ -183,7 +183,7 @@ def make_model_generator(
     """Greedy generation with a plain HF model directory (no router)."""
     from src.datamodules.rlla_datamodule import prompt_token_ids
     from src.models.loading import load_causal_lm, load_tokenizer
-    from src.rollout.engine import SamplingParams
+    from src.rollout.engines.types import SamplingParams
 
     tokenizer = load_tokenizer(model_dir)
     model = None if engine == "vllm" else load_causal_lm(model_dir, dtype).to(device).eval()
@@ -239,7 +239,8 @@ def make_run_generator(
 
 def _plain(policy, batch: list[list[dict]], max_new_tokens: int) -> tuple[list[str], list[str | None]]:
     """The run's actor on the original prompts (router off)."""
-    from src.rollout.engine import HFGenerateEngine, SamplingParams
+    from src.rollout.engines.hf import HFGenerateEngine
+    from src.rollout.engines.types import SamplingParams
 
     tok = policy.tokenizer
     eng = HFGenerateEngine(policy.module.actor, tok.pad_token_id, [tok.eos_token_id], policy.micro_batch_size)

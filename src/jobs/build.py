@@ -21,6 +21,7 @@ from src.callbacks.checkpointing import (
     ManifestWriter,
 )
 from src.callbacks.progress import StepProgressBar
+from src.algorithms.lagrange import DualSettings
 from src.config.groups import AlgorithmGroupConfig, RouterConfig
 from src.config.sampling import eval_sampling
 from src.config.validate import world_size
@@ -154,6 +155,7 @@ def build_module(cfg: DictConfig, path: Path):
         algorithm = replace(algorithm, temperature=float(cfg.sampling.temperature))
     if cfg.replay.capacity > 0:  # off-policy samples: the ratio is taken against their behaviour log-probs
         algorithm = replace(algorithm, old_log_prob_source="rollout")
+    dual = DualSettings(router.budget, router.lambda_lr, router.lambda_every_k, router.lambda_max)
     return ToolRouterModule(
         build_actor(cfg, path),
         algorithm,
@@ -161,4 +163,5 @@ def build_module(cfg: DictConfig, path: Path):
         router,
         reference_factory=lambda: load_causal_lm(path, cfg.model.dtype),
         seed=cfg.seed,
+        dual=dual if router.enable else None,
     )

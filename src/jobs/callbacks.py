@@ -1,5 +1,5 @@
-"""The RL job's callbacks, in hook order: curriculum (fills the batch), rollout (collects), replay
-(draws from the buffer), rollout log, λ update."""
+"""The RL job's callbacks, in hook order: the rollout pipeline's callback, the rollout log, the
+route confusion (router runs)."""
 
 from __future__ import annotations
 
@@ -8,37 +8,20 @@ from pathlib import Path
 import lightning.pytorch as pl
 from omegaconf import DictConfig
 
-from src.jobs.build import build_collector_factory
+from src.jobs.pipeline import build_rollout_pipeline
 
 
 def build_rl_callbacks(cfg: DictConfig, tokenizer, path: Path, datamodule=None) -> list[pl.Callback]:
-    """In hook order: curriculum (fills the batch), rollout (collects), replay (draws), logs, λ."""
-    from src.callbacks.lagrange_callback import LagrangeCallback
+    """The one rollout callback (pipeline), the rollout log and, with a router, the route confusion."""
     from src.callbacks.rollout import RolloutCallback
     from src.callbacks.rollout_logger import RolloutLogger
-    from src.rollout.factory import eval_sampling_from
 
-    eval_sampling = None if cfg.env.enable else eval_sampling_from(cfg, tokenizer)
-    collectors = build_collector_factory(cfg, tokenizer, path)
-    callbacks: list[pl.Callback] = []
-    if cfg.curriculum.enable:
-        from src.jobs.curriculum import build_curriculum_callback
-
-        callbacks.append(build_curriculum_callback(cfg, tokenizer, datamodule.pools, collectors))
-    if cfg.rollout.workers == 0:  # with workers, the replay callback's pool produces the rollouts
-        callbacks.append(RolloutCallback(collectors, seed=cfg.seed, eval_sampling=eval_sampling))
-    if cfg.replay.capacity > 0:
-        from src.jobs.replay import build_replay_callback
-
-        callbacks.append(build_replay_callback(cfg, tokenizer, path))
-    callbacks.append(RolloutLogger(Path(cfg.run_dir) / "rollouts"))
+    callbacks: list[pl.Callback] = [
+        RolloutCallback(build_rollout_pipeline(cfg, tokenizer, path, datamodule)),
+        RolloutLogger(Path(cfg.run_dir) / "rollouts"),
+    ]
     if cfg.router.enable:
         from src.callbacks.route_confusion import RouteConfusionLogger
 
-        callbacks.append(
-            LagrangeCallback(
-                cfg.router.budget, cfg.router.lambda_lr, cfg.router.lambda_every_k, cfg.router.lambda_max
-            )
-        )
         callbacks.append(RouteConfusionLogger(cfg.trainer.val_check_interval or 50))
     return callbacks

@@ -1,4 +1,4 @@
-"""Build a curriculum run's pieces: lesson pools, the ticket DataModule and the callback."""
+"""Build a curriculum run's pieces: lesson pools, the ticket DataModule and the prompt source."""
 
 from __future__ import annotations
 
@@ -54,19 +54,12 @@ def lesson_sampling(cfg: DictConfig, tokenizer):
     return prompts, train, evals
 
 
-def build_curriculum_callback(cfg: DictConfig, tokenizer, pools: LessonPools, collector_factory):
-    from src.callbacks.curriculum import CurriculumCallback
+def build_curriculum_source(cfg: DictConfig, tokenizer, pools: LessonPools):
+    """The pipeline's prompt source for ``curriculum.enable``: lessons, their sampling and rules."""
+    from src.rollout.curriculum_source import CurriculumSource, LessonSampling
 
     c = cfg.curriculum
     prompts, train, evals = lesson_sampling(cfg, tokenizer)
-    return CurriculumCallback(
-        CurriculumState.from_rules(lesson_rules(cfg), min_share=float(c.min_share)),
-        pools,
-        collector_factory,
-        train,
-        evals,
-        n_prompts=prompts,
-        eval_prompts=int(c.eval_prompts),
-        eval_frequency=int(c.eval_frequency),
-        seed=int(cfg.seed),
-    )
+    sampling = LessonSampling(prompts, train, evals, int(c.eval_prompts), int(c.eval_frequency))
+    state = CurriculumState.from_rules(lesson_rules(cfg), min_share=float(c.min_share))
+    return CurriculumSource(state, pools, sampling, seed=int(cfg.seed))

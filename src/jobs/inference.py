@@ -267,7 +267,7 @@ class Policy:
         """:meth:`respond` for P prompts at once (one batched generate call), through the collector's
         own route / routed-prompt / generate / decode / score functions. With ``ground_truths`` each
         result also carries its reward parts and weak label."""
-        from src.rollout.engine import SamplingParams
+        from src.rollout.engines.types import SamplingParams
         from src.router.context import prompt_context
 
         _check_lengths(batch, data_sources, routes, ground_truths)
@@ -283,7 +283,7 @@ class Policy:
 
     def _answer(self, contexts, decision, sampling, ground_truths) -> list[InferenceResult]:
         """Routed prompts -> one generate call -> decoded, scored results."""
-        from src.rollout.engine import HFGenerateEngine
+        from src.rollout.engines.hf import HFGenerateEngine
         from src.rollout.responses import ResponseScorer
         from src.rollout.routing import routed_prompts
 

@@ -1,4 +1,4 @@
-"""Build the replay callback and, for ``rollout.workers > 0``, the Ray rollout workers' policies."""
+"""Build the pipeline's replay buffer and, for ``rollout.workers > 0``, the Ray rollout workers' policies."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ from src.jobs.worker_policy import WorkerPolicy
 from src.rollout.replay import ReplayBuffer
 
 
-def build_replay_callback(cfg: DictConfig, tokenizer, model_path: Path):
-    from src.callbacks.replay import ReplayCallback
+def build_replay_buffer(cfg: DictConfig, tokenizer, model_path: Path):
+    """``LocalReplay`` (workers 0) or ``WorkerReplay`` around the configured :class:`ReplayBuffer`."""
+    from src.rollout.replay_buffers import LocalReplay, WorkerReplay
     from src.rollout.workers import RolloutWorkerPool
 
     r = cfg.replay
@@ -24,16 +25,11 @@ def build_replay_callback(cfg: DictConfig, tokenizer, model_path: Path):
         pad_id=int(tokenizer.pad_token_id),
         seed=int(cfg.seed),
     )
-    pool_factory = None
-    if cfg.rollout.workers > 0:
-        policy = functools.partial(WorkerPolicy, OmegaConf.to_container(cfg, resolve=True), str(model_path))
-        pool_factory = functools.partial(
-            RolloutWorkerPool, int(cfg.rollout.workers), policy, address=cfg.rollout.ray_address
-        )
-    return ReplayCallback(
-        buffer,
-        n_groups=int(cfg.sampling.n_prompts),
-        seed=int(cfg.seed),
-        pool_factory=pool_factory,
-        weight_sync_every=int(cfg.rollout.weight_sync_every),
+    n_groups = int(cfg.sampling.n_prompts)
+    if cfg.rollout.workers == 0:
+        return LocalReplay(buffer, n_groups)
+    policy = functools.partial(WorkerPolicy, OmegaConf.to_container(cfg, resolve=True), str(model_path))
+    pool_factory = functools.partial(
+        RolloutWorkerPool, int(cfg.rollout.workers), policy, address=cfg.rollout.ray_address
     )
+    return WorkerReplay(buffer, n_groups, pool_factory, int(cfg.rollout.weight_sync_every))

@@ -8,6 +8,8 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from src.jobs.build import build_module
+from src.rollout.batch import RolloutBatch
+from src.rollout.request import CollectRequest
 
 
 class WorkerPolicy:
@@ -26,5 +28,5 @@ class WorkerPolicy:
     def load_policy_state(self, state_dict) -> None:
         self.module.load_state_dict(state_dict)
 
-    def collect(self, records, step: int, lam: float, generator):
-        return self.collector.collect(records, step=step, lam=lam, generator=generator)
+    def collect(self, request: CollectRequest) -> RolloutBatch:
+        return self.collector.collect(request)

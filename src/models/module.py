@@ -1,10 +1,11 @@
-"""The LightningModule: the actor LM plus an optional router head, trained with manual optimisation.
+"""The LightningModule: the actor LM plus an optional router (``RouterPolicy``) and its λ, trained
+with manual optimisation.
 
-``training_step`` reads the :class:`RolloutBatch` that the rollout callback attached to its
-``PromptBatch`` and runs: old/reference log-probs (only the passes whose result is not already
-known), advantages and the policy loss of the configured loss module, the router loss, then PPO
-epochs × minibatches. It returns ``{"loss", "rollout"}`` for the callbacks. All math lives in
-``src.algorithms``; this file only orchestrates.
+``training_step`` reads top to bottom as the stages of one RL step (see its docstring); each stage
+is one call into ``src.algorithms``, the router policy or the rollout pipeline. It returns
+``{"loss", "rollout"}`` for the callbacks. All math lives in ``src.algorithms``; this file only
+orchestrates. λ's state (``lagrange_lambda`` and the cost window ``lagrange_window``, both
+checkpointed buffers) and its update (``update_lambda``) live here and nowhere else.
 """
 
 from __future__ import annotations
@@ -19,15 +20,15 @@ import lightning.pytorch as pl
 import torch
 
 from src.algorithms.aggregation import aggregate
-from src.algorithms.loss_module import advantage_fn, build_loss_module
-from src.algorithms.losses import KL_ESTIMATORS, router_loss, token_log_probs_and_entropy
-from src.algorithms.schedules import linear_decay
+from src.algorithms.lagrange import DualSettings
+from src.algorithms.loss_module import build_loss_module
+from src.algorithms.losses import KL_ESTIMATORS, token_log_probs_and_entropy
 from src.config.schema import AlgorithmConfig, OptimConfig, RouterHeadConfig
 from src.models.loading import decoder_of
+from src.models.router_policy import RouterPolicy, lambda_window_step
 from src.models.shared_prefix import prompt_groups, response_logits
 from src.rollout.batch import PromptBatch, RolloutBatch
 from src.rollout.metrics import non_finite, rollout_metrics
-from src.router.head import RouterHead, RouterOutput
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +90,7 @@ class ToolRouterModule(pl.LightningModule):
         router: RouterHeadConfig,
         reference_factory: Callable[[], torch.nn.Module] | None = None,
         seed: int = 0,
+        dual: DualSettings | None = None,
     ):
         super().__init__()
         self.actor = actor
@@ -98,14 +100,16 @@ class ToolRouterModule(pl.LightningModule):
         self.loss_module = build_loss_module(algorithm)
         # rows without their own temperature were sampled at the rollout's (builder fills it in)
         self.default_temperature = float(algorithm.temperature) if algorithm.temperature is not None else 1.0
-        hidden = actor.config.hidden_size
+        if router.enable and dual is None:
+            raise ValueError("router.enable needs the λ update's settings (dual=DualSettings(...))")
         self.router_head = (
-            RouterHead(hidden, router.mlp_hidden, router.pooling, tail_tokens=router.tail_tokens)
-            if router.enable
-            else None
+            RouterPolicy(actor.config.hidden_size, router, algorithm.adv_eps) if router.enable else None
         )
-        # λ lives in the module so it is checkpointed with the weights and identical on every rank.
+        # λ and its window (cost sum, task-reward sum, rollouts, steps since the last update) are
+        # buffers: checkpointed with the weights and identical on every rank.
+        self.dual = dual
         self.register_buffer("lagrange_lambda", torch.tensor(float(router.lambda_init)))
+        self.register_buffer("lagrange_window", torch.zeros(4, dtype=torch.float64))
         self.automatic_optimization = False
         self._reference_factory = reference_factory
         # The reference is the fixed initial policy: kept in a list so it is not a submodule
@@ -113,27 +117,11 @@ class ToolRouterModule(pl.LightningModule):
         self._reference_holder: list[torch.nn.Module] = []
         self.seed = seed
 
-    # ------------------------------------------------------------------ forward API
-    def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, sample_route: bool = True
-    ) -> dict:
-        """Actor logits [B, L, V]; with a router head also ``router_logits`` [B, 3],
-        ``router_action`` [B] and ``router_log_prob`` [B] (the prompt is the whole input)."""
-        out = self.actor(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids(attention_mask),
-            output_hidden_states=self.router_head is not None,
-        )
-        result = {"logits": out.logits}
-        if self.router_head is not None:
-            logits = self.router_head(out.hidden_states[-1], attention_mask)
-            act: RouterOutput = RouterHead.act(logits, sample=sample_route)
-            result.update(
-                router_logits=logits, router_action=act.router_action, router_log_prob=act.router_log_prob
-            )
-        return result
+    def current_lambda(self) -> float:
+        """λ of the rollouts collected now (r_router = r_task − λ·cost)."""
+        return float(self.lagrange_lambda)
 
+    # ------------------------------------------------------------------ router
     def router_logits(
         self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, grad: bool = False
     ) -> torch.Tensor:
@@ -298,16 +286,43 @@ class ToolRouterModule(pl.LightningModule):
 
     # ------------------------------------------------------------------ training
     def training_step(self, batch: PromptBatch, batch_idx: int):
-        rb = _attached_rollout(batch)
+        """One RL step, top to bottom.
+
+        1. rollout: the pipeline's batch (generation, r_task and cost scored, r_router =
+           ``lagrangian_reward(r_task, cost, λ)``), put on the batch by the rollout callback;
+        2. actor advantages (loss module's estimator, or RLVCR's token advantages) and the
+           old / reference log-probs the losses need;
+        3. router: advantages of r_router and its loss (``RouterPolicy.loss``), stepped with its
+           own optimizer or riding on the actor's first backward;
+        4. actor losses and updates: PPO epochs × minibatches (only the last step counts);
+        5. λ update: dual ascent on the window's mean cost (``update_lambda``).
+        """
+        rb = _attached_rollout(batch)  # 1
         t0 = time.perf_counter()
         groups = self._prompt_groups(rb)
         chunks = self._minibatches(len(rb), groups)
-        inputs = self._loss_inputs(rb, len(chunks), groups)
-        router_loss_value, metrics = self._router_update(rb)
-        metrics.update(self._actor_updates(rb, inputs, chunks, router_loss_value))
+        inputs = self._loss_inputs(rb, len(chunks), groups)  # 2
+        router_loss_value, metrics = self._router_update(rb)  # 3
+        metrics.update(self._actor_updates(rb, inputs, chunks, router_loss_value))  # 4
         self.lr_schedulers().step()
+        metrics["train/lambda"] = self.current_lambda()  # the λ this step's rollouts were scored with
+        metrics.update(self.update_lambda(rb))  # 5
         self._log_step(rb, metrics, time.perf_counter() - t0)
         return {"loss": torch.tensor(metrics.get("train/pg_loss", 0.0)), "rollout": rb}
+
+    def update_lambda(self, rb: RolloutBatch) -> dict[str, float]:
+        """λ's one update, from this step's router costs summed over every rank. Scalars to log."""
+        if self.router_head is None or rb.router is None:
+            return {}
+        cost = rb.router.cost
+        step_totals = torch.tensor(
+            [float(cost.sum()), float(rb.rewards.sum()), float(cost.numel())],
+            dtype=torch.float64,
+            device=self.device,
+        )
+        # summed every step, so the window is the same on every rank (DDP broadcasts buffers)
+        totals = self.trainer.strategy.reduce(step_totals, reduce_op="sum")
+        return lambda_window_step(self.lagrange_lambda, self.lagrange_window, totals, self.dual)
 
     def validation_step(self, batch: PromptBatch, batch_idx: int):
         """Logs the ``val/`` twins of the rollout scalars (rollouts from the RolloutCallback)."""
@@ -322,10 +337,12 @@ class ToolRouterModule(pl.LightningModule):
         if self.router_head is None or rb.router is None:
             return None, {}
         actor_opt, router_opt = self._optimizers()
-        loss, parts = self._router_loss(rb)
+        r = rb.router
+        prompt_logits = self.router_logits(r.prompt_ids, r.prompt_mask, grad=True)
+        loss, parts = self.router_head.loss(prompt_logits, r, rb.uids, self.global_step)
         metrics = {f"train/router_{k}": float(v) for k, v in parts.items()}
         metrics["train/router_loss"] = float(loss)
-        metrics["train/router_entropy_coef"] = self._router_entropy_coef()
+        metrics["train/router_entropy_coef"] = self.router_head.entropy_coef(self.global_step)
         if router_opt is not None:
             router_opt.zero_grad()
             self.manual_backward(loss)
@@ -414,7 +431,6 @@ class ToolRouterModule(pl.LightningModule):
                 "timing/step_s": t_total,
                 "train/tokens_per_sec": float(rb.attention_mask.sum()) / max(t_total, 1e-9),
                 "train/lr": actor_opt.param_groups[0]["lr"],
-                "train/lambda": float(self.lagrange_lambda),
             }
         )
         self._warn_non_finite(metrics)
@@ -429,30 +445,9 @@ class ToolRouterModule(pl.LightningModule):
         for name, value in non_finite(metrics).items():
             log.warning("metric %s is %s at step %d", name, value, self.global_step)
 
-    def _router_loss(self, rb: RolloutBatch):
-        """Router policy-gradient loss; advantages of r_router grouped by uid (registry estimator)."""
-        r, cfg = rb.router, self.router_cfg
-        logits = self.router_logits(r.prompt_ids, r.prompt_mask, grad=True)[r.prompt_index.to(self.device)]
-        adv_fn = advantage_fn(cfg.adv_estimator, cfg.norm_adv_by_std, self.algo.adv_eps, {}, "router")
-        adv = adv_fn(r.reward, rb.uids).to(self.device)
-        return router_loss(
-            logits,
-            r.action.to(self.device),
-            adv,
-            self._router_entropy_coef(),
-            cfg.sup_coef,
-            r.target.to(self.device),
-        )
 
-    def _router_entropy_coef(self) -> float:
-        cfg = self.router_cfg
-        return linear_decay(
-            self.global_step, cfg.entropy_coef, cfg.entropy_coef_final, cfg.entropy_decay_steps
-        )
-
-
-def _attached_rollout(batch) -> RolloutBatch:
-    rb = getattr(batch, "rollout", None)
+def _attached_rollout(batch: PromptBatch) -> RolloutBatch:
+    rb = batch.rollout
     if rb is None:
         raise RuntimeError("no rollout on the batch: the RolloutCallback must run before the step")
     return rb

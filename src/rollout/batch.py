@@ -73,13 +73,12 @@ class RolloutBatch:
 class PromptBatch:
     """One step's prompt records (the dataloader's batch) and, once collected, their rollouts.
 
-    The rollout callback fills ``rollout`` in ``on_train_batch_start`` /
-    ``on_validation_batch_start``; ``training_step`` reads it from the batch it is given.
+    The rollout callback fills ``rollout`` (from the rollout pipeline, the only writer) in
+    ``on_train_batch_start`` / ``on_validation_batch_start``; ``training_step`` reads it.
     """
 
     records: list[dict[str, Any]]
     rollout: RolloutBatch | None = None
-    sampling: Any = None  # a lesson's SamplingParams (curriculum); None = the collector's own
 
     def __len__(self) -> int:
         return len(self.records)
@@ -89,7 +88,7 @@ def assemble_sequences(
     prompts: list[list[int]], responses: torch.Tensor, response_mask: torch.Tensor, pad_id: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Left-pad prompts and append right-padded responses. -> (input_ids, attention_mask) [N, Lp+T]."""
-    from src.rollout.engine import left_pad
+    from src.rollout.engines.types import left_pad
 
     p_ids, p_mask = left_pad(prompts, pad_id)
     return torch.cat([p_ids, responses], dim=1), torch.cat([p_mask, response_mask.long()], dim=1)

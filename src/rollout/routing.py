@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from src.rollout.engine import left_pad
+from src.rollout.engines.types import left_pad
 from src.router.context import PromptContext, routed_messages
 from src.router.families import ToolFamilies
 from src.router.head import RouterHead

@@ -16,10 +16,12 @@ from typing import Any
 
 import torch
 
+from src.algorithms.lagrange import lagrangian_reward
 from src.rewards.finite import check_finite_rewards
 from src.rewards.types import RewardConfig
 from src.rollout.batch import RolloutBatch, RouterRollout, assemble_sequences
-from src.rollout.engine import Completions, RolloutEngine, SamplingParams, left_pad
+from src.rollout.engines.types import Completions, RolloutEngine, SamplingParams, left_pad
+from src.rollout.request import CollectRequest
 from src.rollout.responses import ResponseScorer, ScoredResponse, decode_response
 from src.rollout.routing import ROUTE_NAMES, RouteDecision, decide_routes, routed_prompts, router_logits
 from src.router.context import PromptContext, record_context
@@ -79,7 +81,7 @@ def router_rollout(
     labels: list[str],
     lam: float,
 ) -> RouterRollout:
-    """The router's part of the batch: r_router = r_task − λ·cost [N], weak-label targets [N]."""
+    """The router's part of the batch: r_router [N] (``lagrangian_reward``), weak-label targets [N]."""
     p_ids, p_mask = left_pad(prompt_ids, pad_id)
     return RouterRollout(
         prompt_ids=p_ids,
@@ -87,7 +89,7 @@ def router_rollout(
         prompt_index=torch.arange(len(prompt_ids)).repeat_interleave(copies),
         action=decision.action,
         log_prob=decision.log_prob,
-        reward=task_rewards - lam * costs,
+        reward=lagrangian_reward(task_rewards, costs, lam),
         cost=costs,
         target=torch.tensor([weak_label_index(label) for label in labels], dtype=torch.long),
     )
@@ -137,16 +139,10 @@ class SingleTurnCollector:
         return prompt_token_ids(self.tokenizer, messages)
 
     @torch.no_grad()
-    def collect(
-        self,
-        records: list[dict[str, Any]],
-        step: int,
-        lam: float = 0.0,
-        generator: torch.Generator | None = None,
-        sampling: SamplingParams | None = None,
-    ) -> RolloutBatch:
-        """``sampling`` overrides the training sampling (evaluation uses greedy, one sample)."""
-        sampling = sampling or self.sampling
+    def collect(self, request: CollectRequest) -> RolloutBatch:
+        """``request.sampling`` overrides the training sampling (evaluation uses greedy, one sample)."""
+        records, step, lam, generator = request.records, request.step, request.lam, request.generator
+        sampling = request.sampling or self.sampling
         contexts = [record_context(r, self.families, with_label=self.router.enable) for r in records]
         decision = self.route(records, sampling.n, generator)
         generation = self.generate(records, contexts, decision, sampling)

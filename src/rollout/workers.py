@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from src.rollout.batch import RolloutBatch
+from src.rollout.request import CollectRequest
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +58,7 @@ class RolloutWorker:
     def collect(self, records: list[dict], step: int, lam: float, seed: int) -> tuple[RolloutBatch, int]:
         generator = torch.Generator().manual_seed(seed)
         torch.manual_seed(seed)
-        rb = self.collector.collect(records, step=step, lam=lam, generator=generator)
+        rb = self.collector.collect(CollectRequest(records, step, lam, generator=generator))
         return rb, self.version
 
 

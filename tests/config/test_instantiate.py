@@ -8,7 +8,7 @@ from src.config.compose import compose_job
 
 
 def test_engine_from_its_target(tiny):
-    from src.rollout.engine import HFGenerateEngine
+    from src.rollout.engines.hf import HFGenerateEngine
     from src.rollout.factory import make_engine
 
     model, tok = tiny

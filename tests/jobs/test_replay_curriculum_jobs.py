@@ -29,7 +29,7 @@ def test_replay_job_keeps_reuse_and_age_within_bounds(tmp_path):
     s = _check_replay_bounds(run_dir, 6)
     assert max(v for _, v in s["replay/age_max"]) >= 1  # older groups were really replayed
     state = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
-    buffers = [v for k, v in state["callbacks"].items() if k.startswith("ReplayCallback")]
+    buffers = [v["buffer"] for k, v in state["callbacks"].items() if k.startswith("RolloutCallback")]
     assert buffers and "generator" in buffers[0]["buffer"]  # contents and RNG are checkpointed
 
 
@@ -102,5 +102,5 @@ def test_curriculum_job_logs_lesson_scalars_and_gates_the_hard_lesson(tmp_path):
     assert s["curriculum/easy/active"][0][1] == 1.0
     assert "curriculum/easy/eval_reward" in s
     state = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
-    cur = next(v for k, v in state["callbacks"].items() if k.startswith("CurriculumCallback"))
+    cur = next(v["source"] for k, v in state["callbacks"].items() if k.startswith("RolloutCallback"))
     assert set(cur["status"]) == {"easy", "hard"} and len(cur["history"]["easy"]) == 2

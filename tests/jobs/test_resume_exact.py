@@ -244,7 +244,7 @@ def _kill_and_resume_curriculum(
     _run(run_dir, "resume=true", base=CURRICULUM)
     states = _assert_same_training_state(uninterrupted_curriculum, run_dir, steps=6, router=False)
     _assert_same_logs(uninterrupted_curriculum, run_dir, steps=6)
-    final = _callback_state(states, "CurriculumCallback")
+    final = _callback_state(states, "RolloutCallback")["source"]
     assert final["status"] == {"easy": "graduated", "hard": "active"} and final["evaluated_at"] == 4
     assert [len(final["history"][k]) for k in ("easy", "hard")] == [2, 2]
 
@@ -273,7 +273,7 @@ def _kill_and_resume_replay(uninterrupted_replay: Path, run_dir: Path, sig: str,
     _run(run_dir, "resume=true", base=REPLAY)
     states = _assert_same_training_state(uninterrupted_replay, run_dir, steps=4, router=False)
     _assert_same_logs(uninterrupted_replay, run_dir, steps=4)
-    assert _callback_state(states, "ReplayCallback")["buffer"]["groups"]  # not vacuous
+    assert _callback_state(states, "RolloutCallback")["buffer"]["buffer"]["groups"]  # not vacuous
 
 
 @pytest.mark.slow  # three training processes: ~100 s

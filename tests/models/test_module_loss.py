@@ -9,7 +9,8 @@ import torch
 from src.config.schema import AlgorithmConfig, OptimConfig, RouterHeadConfig
 from src.models.module import ToolRouterModule
 from src.rollout.batch import PromptBatch, RolloutBatch, assemble_sequences
-from src.rollout.engine import HFGenerateEngine, SamplingParams
+from src.rollout.engines.hf import HFGenerateEngine
+from src.rollout.engines.types import SamplingParams
 
 MODES = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 

@@ -67,7 +67,7 @@ class _FixedEngine:
         self.tok = tok
 
     def generate(self, prompt_ids, sampling):
-        from src.rollout.engine import Completions
+        from src.rollout.engines.types import Completions
 
         reply = self.tok.encode("<think>x</think>\n<response>ok</response>", add_special_tokens=False)
         seqs = [list(reply) for _ in prompt_ids for _ in range(sampling.n)]
@@ -77,7 +77,7 @@ class _FixedEngine:
 def test_single_turn_collector_rejects_a_nan_reward_naming_the_uid(tiny, monkeypatch):
     """The scorer returning NaN for one prompt fails the step instead of poisoning its group."""
     from src.rollout import responses, single_turn
-    from src.rollout.engine import SamplingParams
+    from src.rollout.engines.types import SamplingParams
 
     tok = tiny[1]
     real_score = responses.score

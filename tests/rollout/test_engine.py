@@ -1,17 +1,9 @@
 import pytest
 import torch
 
-from src.rollout.engine import (
-    HFEngineSettings,
-    HFGenerateEngine,
-    RolloutEngine,
-    SamplingParams,
-    eos_token_ids,
-    left_pad,
-    mask_after_stop,
-    sampling_log_probs,
-    warped_log_probs,
-)
+from src.rollout.engines.hf import HFEngineSettings, HFGenerateEngine
+from src.rollout.engines.logprobs import sampling_log_probs, warped_log_probs
+from src.rollout.engines.types import RolloutEngine, SamplingParams, eos_token_ids, left_pad, mask_after_stop
 
 
 def test_mask_after_stop_includes_first_stop_only():

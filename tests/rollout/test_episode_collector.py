@@ -12,7 +12,8 @@ from src.config.compose import compose_job
 from src.datamodules.seeds import SeedDataModule, seed_records
 from src.envs import LocalGameConfig, LocalGameEnv
 from src.models.module import position_ids
-from src.rollout.engine import Completions, HFGenerateEngine
+from src.rollout.engines.hf import HFGenerateEngine
+from src.rollout.engines.types import Completions
 from src.rollout.episodes.collector import EpisodeCollector, EpisodeSettings
 from src.rollout.episodes.factory import make_episode_collector
 

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from src.envs import LocalGameConfig, LocalGameEnv
-from src.rollout.engine import Completions, HFGenerateEngine, SamplingParams
+from src.rollout.engines.hf import HFGenerateEngine
+from src.rollout.engines.types import Completions, SamplingParams
 from src.rollout.episodes.loop import collect_groups, group_temperatures, observation_tokens, run_episodes
 from src.rollout.episodes.prompts import EpisodeTemplates, action_from_text, stop_token_ids
 

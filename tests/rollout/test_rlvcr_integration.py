@@ -9,19 +9,12 @@ import torch
 
 import src.rollout.rlvcr.augment as rlvcr
 from src.algorithms.rlvcr_advantage import make_level_scores
+from src.algorithms.rlvcr_steps import penalised_rewards, qualifying_episodes, scatter_step_advantages
 from src.rollout.batch import RolloutBatch, assemble_sequences
-from src.rollout.engine import HFGenerateEngine
+from src.rollout.engines.hf import HFGenerateEngine
 from src.rollout.episodes.loop import Episode, StepRecord
 from src.rollout.episodes.prompts import action_from_text
-from src.rollout.rlvcr.augment import (
-    RlvcrAugmenter,
-    RlvcrCollector,
-    RlvcrSettings,
-    penalised_rewards,
-    qualifying_episodes,
-    scatter_step_advantages,
-    settings_from_algorithm,
-)
+from src.rollout.rlvcr.augment import RlvcrAugmenter, RlvcrCollector, RlvcrSettings, settings_from_algorithm
 from src.rollout.rlvcr.format import parse_step
 
 
@@ -123,7 +116,7 @@ def test_settings_from_algorithm_maps_config_keys():
 def build_episode(tok, turns: list[str], reward: float) -> Episode:
     """ChatML episode: each turn is a generated assistant message (mask 1, eos included) followed by
     an observation turn (mask 0), as the episode collector lays it out."""
-    enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+    enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]
     prompt = tok.apply_chat_template(
         [{"role": "system", "content": "Play the game."}, {"role": "user", "content": "OBSERVATION:\nstart"}],
         add_generation_prompt=True,
@@ -253,7 +246,7 @@ def test_token_advantages_land_on_step_tokens(setup, monkeypatch):
     qualifying = [(0, 0), (0, 1), (2, 0)]
     groups = rec["groups"]
     assert len(groups) == len(qualifying)
-    enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+    enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]
     for g, (e, j) in zip(groups, qualifying):
         ep, st_ = episodes[e], episodes[e].steps[j]
         assert list(g.history_ids) == ep.prompt_ids + ep.response_ids[: st_.action_start]
@@ -349,7 +342,7 @@ def test_score_malformed_steps_scores_them_as_level_1(setup, monkeypatch):
     # episode 2's malformed step now qualifies too (level 1 -> 3 generations): 7 + 3 prompts
     assert [c[0] for c in engine.calls] == [10] and len(rec["groups"]) == 4
     bad = rec["groups"][3]
-    enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+    enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]
     assert list(bad.action_ids) == enc(BAD) and list(bad.thinking_ids[0]) == enc("<level>1</level>")
     assert batch.metrics["rlvcr/unparsed_frac"] == pytest.approx(2 / 7)  # the declared levels are reported
 
@@ -445,7 +438,7 @@ def test_scoring_uses_the_generated_action_ids_not_a_re_encoding(setup, monkeypa
     """Token drift: the turn spells ``cat`` as three generated ids; decode -> encode would give one.
     The scorer must see the generated ids, after the ``<action>`` tag."""
     model, tok, _, _ = setup
-    enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+    enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]
     vocab = tok.get_vocab()
     spelled = [vocab["c"], vocab["a"], vocab["t"]] + enc(" strategy.py")
     canonical = enc("cat strategy.py")

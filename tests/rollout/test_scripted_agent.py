@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from src.envs.registry import make_env
-from src.rollout.engine import Completions
+from src.rollout.engines.types import Completions
 from src.rollout.episodes.loop import run_episodes
 from src.rollout.episodes.prompts import action_from_text, stop_token_ids
 from src.rollout.episodes.scripted_agent import (

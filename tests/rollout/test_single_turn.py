@@ -9,7 +9,8 @@ from src.datamodules.rlla_datamodule import prompt_token_ids
 from src.datamodules.synthetic import TOOLS, build_system_prompt, build_user_turn
 from src.rewards.dispatch import score
 from src.rewards.types import RewardConfig
-from src.rollout.engine import HFGenerateEngine, SamplingParams
+from src.rollout.engines.hf import HFGenerateEngine
+from src.rollout.engines.types import SamplingParams
 from src.rollout.single_turn import RouterSettings, SingleTurnCollector
 from src.router.context import record_context, routed_messages
 from src.router.families import ToolFamilies

@@ -65,6 +65,8 @@ def _positions(attention_mask: torch.Tensor) -> torch.Tensor:
 class HFGenerateEngine:
     """Batched, left-padded ``model.generate`` on the trainer's own module (no weight copy needed)."""
 
+    needs_weight_sync = False  # it samples from the trainer's live actor
+
     def __init__(
         self,
         model,

@@ -59,6 +59,10 @@ class Completions:
 
 @runtime_checkable
 class RolloutEngine(Protocol):
+    # True when the engine holds its own copy of the weights (vLLM): the rollout pipeline then
+    # calls ``update_weights(state_dict)`` after every optimizer step and at fit start / resume.
+    needs_weight_sync: bool
+
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingParams) -> Completions: ...
 
     def update_weights(self, state_dict: dict[str, torch.Tensor] | None = None) -> None:

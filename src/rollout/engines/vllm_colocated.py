@@ -27,6 +27,8 @@ log = logging.getLogger(__name__)
 
 
 class VLLMEngine:
+    needs_weight_sync = True  # holds its own copy: the pipeline pushes the actor's weights
+
     def __init__(
         self,
         model_path: str,

@@ -27,6 +27,8 @@ TOKEN_ID_PREFIX = "token_id:"
 
 
 class VLLMServerEngine:
+    needs_weight_sync = True  # holds its own copy: the pipeline pushes the actor's weights
+
     def __init__(self, settings: VLLMSettings, model_name: str, pad_token_id: int = 0, lora_scaling=None):
         self.settings = settings
         self.url = settings.server_url.rstrip("/")

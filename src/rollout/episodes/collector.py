@@ -1,6 +1,6 @@
 """Episode collector: G multi-step episodes per seed record, packed into one ``RolloutBatch``.
 
-Orchestration only: the episode loop lives in ``episodes.py``, prompts in ``episode_prompts.py``.
+Orchestration only: the episode loop lives in ``loop.py``, prompts in ``prompts.py``.
 """
 
 from __future__ import annotations
@@ -16,15 +16,16 @@ import torch
 from src.envs.base import EpisodeEnv
 from src.rewards.finite import check_finite_rewards
 from src.rollout.batch import RolloutBatch, assemble_sequences
-from src.rollout.engine import RolloutEngine
+from src.rollout.engines.types import RolloutEngine
 from src.rollout.episodes.loop import Episode, collect_groups
 from src.rollout.episodes.prompts import EpisodeTemplates
+from src.rollout.request import CollectRequest
 
 
 @dataclass
 class EpisodeSettings:
     """group_size: G episodes per seed; temperatures: one value or a list cycled over the G;
-    token_budget / turn_cap: see ``episodes.py``; baseline: subtracted from the final score."""
+    token_budget / turn_cap: see ``loop.py``; baseline: subtracted from the final score."""
 
     group_size: int = 4
     temperatures: float | list[float] = 1.0
@@ -104,14 +105,11 @@ class EpisodeCollector:
         self.templates = templates or EpisodeTemplates()
 
     @torch.no_grad()
-    def collect(
-        self,
-        records: list[dict[str, Any]],
-        step: int,
-        lam: float = 0.0,
-        generator: torch.Generator | None = None,
-    ) -> RolloutBatch:
+    def collect(self, request: CollectRequest) -> RolloutBatch:
         """``lam`` and ``generator`` are unused (no router; sampling uses torch's global RNG)."""
+        if request.sampling is not None:
+            raise ValueError("episode collectors sample at env.temperatures; a request's sampling is not used")
+        records, step = request.records, request.step
         check_records(records)
         t0 = time.perf_counter()
         groups = self.run_groups([int(r["seed"]) for r in records])

@@ -35,7 +35,7 @@ from itertools import cycle, islice
 from typing import Any
 
 from src.envs.base import EpisodeEnv
-from src.rollout.engine import RolloutEngine, SamplingParams
+from src.rollout.engines.types import RolloutEngine, SamplingParams
 from src.rollout.episodes.prompts import EpisodeTemplates, action_from_text, prompt_ids, stop_token_ids
 
 log = logging.getLogger(__name__)

@@ -1,0 +1,95 @@
+"""The rollout pipeline owns one engine and one weight-sync point, curriculum included.
+
+A real curriculum job (in process, tiny model, 3 steps, lessons evaluated every step) runs with a
+recording engine: a real ``HFGenerateEngine`` that samples from its OWN copy of the actor, as vLLM
+does, so it is only right if the pipeline pushes the weights. It records every build, every
+``update_weights`` and, at every ``generate``, whether its weights equal the live actor's.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from omegaconf import OmegaConf, open_dict
+
+from src.config.compose import compose_job
+from src.rollout.engines.build import build_hf_engine
+from src.rollout.engines.hf import HFGenerateEngine
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+BUILT: list[RecordingEngine] = []
+
+
+def fingerprint(model: torch.nn.Module) -> float:
+    return float(sum(p.detach().double().sum() for p in model.parameters()))
+
+
+class RecordingEngine(HFGenerateEngine):
+    """HF generate on a private copy of the actor; weights arrive only through ``update_weights``."""
+
+    needs_weight_sync = True
+
+    def __init__(self, live_actor, base: HFGenerateEngine):
+        super().__init__(copy.deepcopy(live_actor), base.pad_token_id, base.eos_token_ids, settings=base.settings)
+        self.live = live_actor
+        self.updates: list[float] = []
+        self.calls: list[tuple[float, bool]] = []  # (temperature, own weights == live weights)
+
+    def update_weights(self, state_dict=None) -> None:
+        self.model.load_state_dict(state_dict)
+        self.updates.append(fingerprint(self.model))
+
+    def generate(self, prompt_ids, sampling):
+        same = all(torch.equal(a, b) for a, b in zip(self.model.parameters(), self.live.parameters()))
+        self.calls.append((sampling.temperature, same))
+        return super().generate(prompt_ids, sampling)
+
+
+def recording_engine(*, module, tokenizer, model_path, micro_batch_size, **settings):
+    del model_path
+    base = build_hf_engine(module.actor, tokenizer, micro_batch_size=micro_batch_size, **settings)
+    engine = RecordingEngine(module.actor, base)
+    BUILT.append(engine)
+    return engine
+
+
+def test_curriculum_and_training_share_one_engine_synced_after_every_step(cache_dir, tmp_path):
+    from src.jobs.train import train
+
+    cfg = compose_job(
+        [
+            "experiment=curriculum",
+            f"cache_dir={cache_dir}",
+            f"run_dir={tmp_path / 'run'}",
+            "model.warm_start=null",
+            "trainer.max_steps=3",
+            "trainer.save_freq=100",
+            "sampling.n_prompts=2",
+            "sampling.n_generations_per_prompt=2",
+            "sampling.max_new_tokens=8",
+            "curriculum.eval_frequency=1",
+            "curriculum.eval_prompts=2",
+            "curriculum.lessons.hard.sampling.max_new_tokens=8",
+            "algorithm.optim.lr=1e-3",
+            "algorithm.optim.weight_decay=0.5",  # moves the weights even when every reward ties
+        ]
+    )
+    with open_dict(cfg):
+        cfg.rollout.engines.recording = OmegaConf.create({"_target_": f"{__name__}.recording_engine"})
+        cfg.rollout.engine = "recording"
+    BUILT.clear()
+    _, parts = train(cfg)
+
+    assert len(BUILT) == 1, "curriculum and training rollouts must share one engine"
+    engine = BUILT[0]
+    # fit start (a resume lands here too) and after each of the 3 optimizer steps
+    assert len(engine.updates) == 4
+    assert len(set(engine.updates)) == 4, "training moved the weights, and every sync carried them"
+    assert engine.updates[-1] == pytest.approx(fingerprint(parts["module"].actor))
+    evals = [same for temp, same in engine.calls if temp == 0.0]
+    train_calls = [same for temp, same in engine.calls if temp > 0.0]
+    assert len(evals) >= 3 and len(train_calls) == 3  # lessons evaluated at steps 0, 1, 2
+    assert all(evals) and all(train_calls), "every generate saw the live actor's weights"
