@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from src.config.errors import ConfigError  # noqa: E402
 from src.config.job import register_configs  # noqa: E402
-from src.config.validate import validate  # noqa: E402
+from src.jobs.checks import validate_job  # noqa: E402
 
 CONFIG_ERROR_EXIT = 2
 register_configs()
@@ -23,7 +23,7 @@ register_configs()
 @hydra.main(version_base="1.3", config_path="../configs", config_name="train")
 def main(cfg: DictConfig) -> None:
     try:
-        validate(cfg)  # before the heavy imports: a bad config fails in a second or two
+        validate_job(cfg)  # before the model and data are loaded: a bad config fails in seconds
     except ConfigError as err:
         logging.getLogger("toolrouter").error("%s", err)
         sys.exit(CONFIG_ERROR_EXIT)

@@ -13,7 +13,14 @@ from typing import Any
 
 import torch
 
-__all__ = ["EMA", "DualSettings", "RunningMean", "lagrange_update", "lagrangian_reward", "window_lagrange_step"]
+__all__ = [
+    "EMA",
+    "DualSettings",
+    "RunningMean",
+    "lagrange_update",
+    "lagrangian_reward",
+    "window_lagrange_step",
+]
 
 
 @dataclass(frozen=True)
@@ -55,7 +62,9 @@ def lagrange_update(lam: float, mean_cost: float, budget: float, lr: float) -> f
     return max(0.0, lam + lr * (mean_cost - budget))
 
 
-def window_lagrange_step(lam: float, window: torch.Tensor, dual: DualSettings) -> tuple[float, dict[str, float]]:
+def window_lagrange_step(
+    lam: float, window: torch.Tensor, dual: DualSettings
+) -> tuple[float, dict[str, float]]:
     """λ after one window. window: [3] (cost sum, task-reward sum, rollout count) over every rank.
 
     Returns (new λ, scalars ``train/lambda_next``, ``train/cost_window_mean``,

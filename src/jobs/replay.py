@@ -8,13 +8,13 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from src.jobs.worker_policy import WorkerPolicy
-from src.rollout.replay import ReplayBuffer
+from src.replay.buffer import ReplayBuffer
 
 
 def build_replay_buffer(cfg: DictConfig, tokenizer, model_path: Path):
     """``LocalReplay`` (workers 0) or ``WorkerReplay`` around the configured :class:`ReplayBuffer`."""
-    from src.rollout.replay_buffers import LocalReplay, WorkerReplay
-    from src.rollout.workers import RolloutWorkerPool
+    from src.replay.pipeline_buffers import LocalReplay, WorkerReplay
+    from src.replay.workers import RolloutWorkerPool
 
     r = cfg.replay
     buffer = ReplayBuffer(

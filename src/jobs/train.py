@@ -15,9 +15,9 @@ from omegaconf import DictConfig
 from src.callbacks.checkpointing import InterruptCheckpoint, Preempted
 from src.callbacks.step_only import StepOnlyScalars
 from src.callbacks.step_scalars import StepScalarCarry
-from src.config.validate import validate
 from src.jobs.build import build_datamodule, build_module, build_trainer
 from src.jobs.callbacks import build_rl_callbacks
+from src.jobs.checks import validate_job
 from src.jobs.resume import check_callback_states, prepare_run_dir
 from src.jobs.warm_start import model_dir
 from src.models.loading import load_tokenizer
@@ -41,7 +41,7 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
 
     ``cfg`` is validated first (``ConfigError`` naming every bad key), before anything is built.
     """
-    validate(cfg)
+    validate_job(cfg)
     pl.seed_everything(cfg.seed, workers=True)
     torch.set_float32_matmul_precision("high")
     if cfg.task == "sft":

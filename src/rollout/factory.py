@@ -16,6 +16,7 @@ from src.config.sampling import SamplingConfig, eval_sampling, train_sampling
 from src.config.sampling import SamplingParams as JobSampling
 from src.rewards.types import RewardConfig
 from src.rollout.engines.types import SamplingParams
+from src.rollout.responses import ResponseScorer
 from src.rollout.single_turn import RouterSettings, SingleTurnCollector
 
 
@@ -108,13 +109,14 @@ def make_collector(cfg: DictConfig, tokenizer, module, model_path: Path):
         actor_reward=cfg.router.actor_reward,
     )
     cost_fn = make_cost_fn(cfg.router.cost, **OmegaConf.to_container(cfg.router.cost_weights, resolve=True))
+    scorer = ResponseScorer(
+        make_families(cfg), cost_fn, RewardConfig(**OmegaConf.to_container(cfg.reward, resolve=True))
+    )
     return SingleTurnCollector(
         tokenizer,
         engine,
         sampling_from(cfg, tokenizer),
-        RewardConfig(**OmegaConf.to_container(cfg.reward, resolve=True)),
+        scorer,
         router,
-        families=make_families(cfg),
-        cost_fn=cost_fn,
         router_logits_fn=module.router_logits if cfg.router.enable else None,
     )

@@ -26,7 +26,7 @@ import torch
 
 from src.rollout.batch import RolloutBatch
 from src.rollout.engines.types import SamplingParams
-from src.rollout.request import CollectRequest, Collector
+from src.rollout.request import Collector, CollectRequest
 
 CollectFn = Callable[[list[dict[str, Any]], SamplingParams | None], RolloutBatch]
 
@@ -139,7 +139,9 @@ class RolloutPipeline:
     def sync_weights(self, module, step: int) -> None:
         """The one weight-sync point: after each optimizer step, at fit start and after a resume."""
         if self.collector is not None and self.collector.engine.needs_weight_sync:
-            self.collector.engine.update_weights({k: v.detach() for k, v in module.actor.state_dict().items()})
+            self.collector.engine.update_weights(
+                {k: v.detach() for k, v in module.actor.state_dict().items()}
+            )
         self.buffer.sync(module, step)
 
     def rollout(self, records: list[dict[str, Any]], step: int, lam: float) -> tuple[RolloutBatch, dict]:
@@ -161,7 +163,9 @@ class RolloutPipeline:
 
     def _collector_fn(self, step: int, lam: float) -> CollectFn:
         def collect(rows: list[dict[str, Any]], sampling: SamplingParams | None) -> RolloutBatch:
-            return self._collect(CollectRequest(rows, step, lam, sampling, torch.Generator().manual_seed(step)))
+            return self._collect(
+                CollectRequest(rows, step, lam, sampling, torch.Generator().manual_seed(step))
+            )
 
         return collect
 

@@ -76,20 +76,21 @@ def router_rollout(
     prompt_ids: list[list[int]],
     pad_id: int,
     copies: int,
-    task_rewards: torch.Tensor,
-    costs: torch.Tensor,
+    scored: list[ScoredResponse],
     labels: list[str],
     lam: float,
 ) -> RouterRollout:
     """The router's part of the batch: r_router [N] (``lagrangian_reward``), weak-label targets [N]."""
     p_ids, p_mask = left_pad(prompt_ids, pad_id)
+    task = torch.tensor([s.reward.total for s in scored], dtype=torch.float32)
+    costs = torch.tensor([s.cost for s in scored], dtype=torch.float32)
     return RouterRollout(
         prompt_ids=p_ids,
         prompt_mask=p_mask,
         prompt_index=torch.arange(len(prompt_ids)).repeat_interleave(copies),
         action=decision.action,
         log_prob=decision.log_prob,
-        reward=lagrangian_reward(task_rewards, costs, lam),
+        reward=lagrangian_reward(task, costs, lam),
         cost=costs,
         target=torch.tensor([weak_label_index(label) for label in labels], dtype=torch.long),
     )
@@ -114,23 +115,18 @@ class SingleTurnCollector:
         tokenizer,
         engine: RolloutEngine,
         sampling: SamplingParams,
-        reward_config: RewardConfig,
+        scorer: ResponseScorer,
         router: RouterSettings,
-        families=None,
-        cost_fn: Callable | None = None,
         router_logits_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
     ):
-        if families is None:
-            from src.router.families import ToolFamilies
-
-            families = ToolFamilies()
+        """``scorer`` holds the tool families, the cost function and the reward config."""
         self.tokenizer = tokenizer
         self.engine = engine
         self.sampling = sampling
         self.router = router
-        self.families = families
+        self.families = scorer.families
         self.router_logits_fn = router_logits_fn
-        self.scorer = ResponseScorer(families, cost_fn, reward_config)
+        self.scorer = scorer
         self.drop_ids = {tokenizer.pad_token_id, tokenizer.eos_token_id, *sampling.stop_token_ids}
 
     def encode(self, messages: list[dict]) -> list[int]:
@@ -141,7 +137,7 @@ class SingleTurnCollector:
     @torch.no_grad()
     def collect(self, request: CollectRequest) -> RolloutBatch:
         """``request.sampling`` overrides the training sampling (evaluation uses greedy, one sample)."""
-        records, step, lam, generator = request.records, request.step, request.lam, request.generator
+        records, step, generator = request.records, request.step, request.generator
         sampling = request.sampling or self.sampling
         contexts = [record_context(r, self.families, with_label=self.router.enable) for r in records]
         decision = self.route(records, sampling.n, generator)
@@ -153,7 +149,7 @@ class SingleTurnCollector:
             self.tokenizer, generation.completions.token_lists(), self.drop_ids, row_contexts, truths, step
         )
         rows = [response_row(step, records[i // sampling.n], s) for i, s in enumerate(scored)]
-        batch = self.assemble(records, row_contexts, decision, generation, scored, rows, lam, sampling)
+        batch = self.assemble(request, sampling, row_contexts, decision, generation, scored, rows)
         batch.metrics["timing/scoring_s"] = time.perf_counter() - t0
         return batch
 
@@ -191,26 +187,24 @@ class SingleTurnCollector:
 
     def assemble(
         self,
-        records: list[dict],
+        request: CollectRequest,
+        sampling: SamplingParams,
         row_contexts: list[PromptContext],
         decision: RouteDecision | None,
         generation: Generation,
         scored: list[ScoredResponse],
         rows: list[dict],
-        lam: float,
-        sampling: SamplingParams,
     ) -> RolloutBatch:
         """Pack rows, rewards and router decisions into the typed batch."""
-        pad = self.tokenizer.pad_token_id
+        records, pad = request.records, self.tokenizer.pad_token_id
         uids = [r["uid"] for r in records for _ in range(sampling.n)]
         check_finite_rewards([s.reward.total for s in scored], uids)
         task = torch.tensor([s.reward.total for s in scored], dtype=torch.float32)
         router = None
         if decision is not None:
             labels = [ctx.weak_label for ctx in row_contexts]
-            costs = torch.tensor([s.cost for s in scored], dtype=torch.float32)
             prompt_ids = [r["prompt_ids"] for r in records]
-            router = router_rollout(decision, prompt_ids, pad, sampling.n, task, costs, labels, lam)
+            router = router_rollout(decision, prompt_ids, pad, sampling.n, scored, labels, request.lam)
             check_finite_rewards(router.reward, uids, what="router reward")
             add_route_columns(rows, decision, router, labels)
         actor_rewards = router.reward if router is not None and self.router.actor_reward == "router" else task

@@ -26,6 +26,7 @@ __all__ = [
     "any_tool",
     "batch_cost",
     "make_cost_fn",
+    "max_cost",
     "per_call",
     "per_family",
     "register_cost",
@@ -89,6 +90,14 @@ def make_cost_fn(name: str, **weights: float) -> CostFn:
         if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
             raise ValueError(f"tool cost {name!r}: weight {key}={value!r} is not a finite number")
     return functools.partial(fn, **weights)
+
+
+def max_cost(name: str, weights: dict[str, float]) -> float:
+    """The largest cost one rollout can have: the bound cost of a response that uses every family
+    and makes unboundedly many calls (inf when nothing caps it). ValueError as ``make_cost_fn``."""
+    worst = ToolUsage(True, True, True, True, n_calls=math.inf)
+    top = make_cost_fn(name, **weights)(worst)
+    return 0.0 if math.isnan(top) else float(top)  # a zero per-call weight: 0 · inf
 
 
 def batch_cost(usages: Iterable[ToolUsage], cost_fn: CostFn) -> list[float]:

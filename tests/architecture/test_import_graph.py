@@ -20,11 +20,13 @@ LAYERS = [
     "router",
     "envs",
     "rollout",
+    "replay",
     "models",
     "callbacks",
     "jobs",
 ]
 PURE = {"formats", "rewards", "algorithms"}
+MAX_PACKAGE_SHARE = 0.25  # no package holds more than a quarter of src/ lines
 PURE_FORBIDDEN = ("lightning", "pytorch_lightning", "src.rollout", "src.models", "src.callbacks", "src.jobs")
 
 
@@ -105,3 +107,13 @@ def test_pure_packages_import_no_machinery(package):
             if imported.startswith(PURE_FORBIDDEN):
                 bad.append(f"{_module_name(path)} imports {imported}")
     assert not bad, "\n".join(sorted(bad))
+
+
+def test_no_package_holds_more_than_a_quarter_of_src():
+    lines: dict[str, int] = {}
+    for path in SRC.rglob("*.py"):
+        pkg = _package(_module_name(path)) or "(top level)"
+        lines[pkg] = lines.get(pkg, 0) + len(path.read_text().splitlines())
+    total = sum(lines.values())
+    big = {pkg: round(n / total, 3) for pkg, n in lines.items() if n > MAX_PACKAGE_SHARE * total}
+    assert not big, f"packages over {MAX_PACKAGE_SHARE:.0%} of src/ lines: {big}"

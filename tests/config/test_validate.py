@@ -10,12 +10,14 @@ import pytest
 from src.config.checks import file_list
 from src.config.compose import compose_job
 from src.config.errors import ConfigError
-from src.config.validate import GROUP_ADVANTAGES, max_positions, validate
+from src.algorithms.advantages import ADVANTAGES
+from src.config.validate import max_positions
+from src.jobs.checks import validate_job
 
 
 def problems(*overrides: str, base: str = "experiment=grpo") -> list[str]:
     try:
-        validate(compose_job([base, *overrides]))
+        validate_job(compose_job([base, *overrides]))
     except ConfigError as err:
         return err.problems
     return []
@@ -56,7 +58,7 @@ def test_bad_value_is_named(override, key):
     assert key in keys(problems(override))
 
 
-@pytest.mark.parametrize("estimator", GROUP_ADVANTAGES)
+@pytest.mark.parametrize("estimator", ADVANTAGES.names())
 def test_group_advantages_need_two_generations(estimator):
     found = problems("sampling.n_generations_per_prompt=1", f"algorithm.adv_estimator={estimator}")
     assert keys(found) == ["sampling.n_generations_per_prompt"]
@@ -113,7 +115,7 @@ def test_positions_are_read_from_an_hf_config(tmp_path):
     cfg = compose_job(["experiment=grpo", f"model.path={tmp_path}", "data.max_prompt_length=200"])
     assert max_positions(cfg)[0] == 256
     with pytest.raises(ConfigError, match="exceeds the model's 256 positions"):
-        validate(cfg)
+        validate_job(cfg)
     missing = problems(f"model.path={tmp_path / 'nope'}")
     assert keys(missing) == ["model.path"]
 

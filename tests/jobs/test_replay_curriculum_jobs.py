@@ -64,7 +64,7 @@ class _Exploding:
 
 def test_a_crash_in_a_worker_surfaces_in_the_trainer_with_its_traceback():
     pytest.importorskip("ray")
-    from src.rollout.workers import RolloutWorkerError, RolloutWorkerPool
+    from src.replay.workers import RolloutWorkerError, RolloutWorkerPool
 
     pool = RolloutWorkerPool(1, _Exploding)
     try:

@@ -10,6 +10,9 @@ import torch
 
 from src.rewards.finite import NonFiniteRewardError, check_finite_rewards
 from src.rewards.types import RewardBreakdown, RewardConfig
+from src.rollout.request import CollectRequest
+from src.rollout.responses import ResponseScorer
+from src.router.families import ToolFamilies
 
 
 def test_finite_rewards_pass():
@@ -92,7 +95,7 @@ def test_single_turn_collector_rejects_a_nan_reward_naming_the_uid(tiny, monkeyp
         tok,
         _FixedEngine(tok),
         SamplingParams(n=2, max_new_tokens=16),
-        RewardConfig(),
+        ResponseScorer(ToolFamilies(), None, RewardConfig()),
         single_turn.RouterSettings(enable=False),
     )
     gt = "<think>p</think>\n<response>hi</response>"
@@ -106,9 +109,9 @@ def test_single_turn_collector_rejects_a_nan_reward_naming_the_uid(tiny, monkeyp
         }
         for uid, truth in (("clean-row", gt), ("bad-row", "poisoned"))
     ]
-    assert collector.collect(records[:1], step=0).rewards.isfinite().all()
+    assert collector.collect(CollectRequest(records[:1], step=0)).rewards.isfinite().all()
     with pytest.raises(NonFiniteRewardError, match=r"2 of 4 rollouts: uid 'bad-row' \(rollout 2: nan\)"):
-        collector.collect(records, step=0)
+        collector.collect(CollectRequest(records, step=0))
 
 
 def test_episode_collector_rejects_a_nan_episode_reward_naming_the_uid(monkeypatch):
@@ -127,4 +130,6 @@ def test_episode_collector_rejects_a_nan_episode_reward_naming_the_uid(monkeypat
     with pytest.raises(
         NonFiniteRewardError, match=r"episode reward for 1 of 4 rollouts: uid 'seed-6' \(rollout 2: inf\)"
     ):
-        collector.collect([{"uid": "seed-5", "seed": 5}, {"uid": "seed-6", "seed": 6}], step=0)
+        collector.collect(
+            CollectRequest([{"uid": "seed-5", "seed": 5}, {"uid": "seed-6", "seed": 6}], step=0)
+        )

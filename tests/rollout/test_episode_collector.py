@@ -16,6 +16,7 @@ from src.rollout.engines.hf import HFGenerateEngine
 from src.rollout.engines.types import Completions
 from src.rollout.episodes.collector import EpisodeCollector, EpisodeSettings
 from src.rollout.episodes.factory import make_episode_collector
+from src.rollout.request import CollectRequest
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
@@ -69,7 +70,7 @@ def test_collect_packs_episodes_into_a_rollout_batch(tiny):
         EpisodeSettings(group_size=2, token_budget=400, turn_cap=16, baseline=1.0),
     )
     records = [{"uid": "a", "seed": 5}, {"uid": "b", "seed": 6}]
-    rb = collector.collect(records, step=3)
+    rb = collector.collect(CollectRequest(records, step=3))
     eps = rb.episodes
     assert len(rb) == 4 and rb.uids == ["a", "a", "b", "b"] and [e.seed for e in eps] == [5, 5, 6, 6]
     assert all(env.workspace is None for env in factory.envs) and len(factory.envs) == 4  # closed
@@ -119,7 +120,7 @@ def test_each_episode_row_carries_its_own_sampling_temperature(tiny):
     engine = TemperatureRecordingEngine(tok)
     settings = EpisodeSettings(group_size=3, temperatures=[0.7, 1.3], token_budget=400, turn_cap=16)
     rb = EpisodeCollector(tok, engine, TrackingFactory(), settings).collect(
-        [{"uid": "a", "seed": 1}, {"uid": "b", "seed": 2}], step=0
+        CollectRequest([{"uid": "a", "seed": 1}, {"uid": "b", "seed": 2}], step=0)
     )
     expected = [0.7, 1.3, 0.7] * 2
     assert rb.temperatures is not None and rb.temperatures.dtype == torch.float32
@@ -141,7 +142,7 @@ def test_assembled_batch_reproduces_the_sampling_log_probs(tiny):
         EpisodeSettings(group_size=2, token_budget=80, turn_cap=16, env_workers=2),
     )
     torch.manual_seed(1)
-    rb = collector.collect([{"uid": 0, "seed": 9}], step=0)
+    rb = collector.collect(CollectRequest([{"uid": 0, "seed": 9}], step=0))
     width = rb.response_mask.shape[1]
     with torch.no_grad():
         logits = model(

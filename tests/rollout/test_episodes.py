@@ -9,7 +9,13 @@ import torch
 from src.envs import LocalGameConfig, LocalGameEnv
 from src.rollout.engines.hf import HFGenerateEngine
 from src.rollout.engines.types import Completions, SamplingParams
-from src.rollout.episodes.loop import collect_groups, group_temperatures, observation_tokens, run_episodes
+from src.rollout.episodes.loop import (
+    EpisodeSettings,
+    collect_groups,
+    group_temperatures,
+    observation_tokens,
+    run_episodes,
+)
 from src.rollout.episodes.prompts import EpisodeTemplates, action_from_text, stop_token_ids
 
 ALWAYS_ZERO = "cat > strategy.py << 'EOF'\ndef row_strategy(history):\n    return 0\nEOF"
@@ -120,8 +126,16 @@ def test_scripted_always_zero_then_submit_scores_about_1_44(tok):
     engine = ScriptedEngine(tok, [ALWAYS_ZERO, "submit"])
     env = LocalGameEnv(LocalGameConfig(game="battle_of_sexes", simulations=2000, max_steps=6))
     try:
-        [ep] = run_episodes(engine, tok, [env], [7], 1.0, token_budget=400, turn_cap=64)
-        [ep_b] = run_episodes(engine, tok, [env], [7], 1.0, token_budget=400, turn_cap=64, baseline=1.0)
+        [ep] = run_episodes(
+            engine, tok, [env], [7], EpisodeSettings(temperatures=1.0, token_budget=400, turn_cap=64)
+        )
+        [ep_b] = run_episodes(
+            engine,
+            tok,
+            [env],
+            [7],
+            EpisodeSettings(temperatures=1.0, token_budget=400, turn_cap=64, baseline=1.0),
+        )
     finally:
         env.close()
     assert ep.exit_status == "submitted" and not ep.budget_exhausted
@@ -141,7 +155,11 @@ def test_budget_ends_the_episode_without_running_a_cut_action(tok):
     # a long command with no eos: cut by turn_cap (40) it runs; cut by the budget it does not
     engine = ScriptedEngine(tok, ["echo " + "a b c d " * 40], eos=False)
     groups = collect_groups(
-        engine, tok, _env_factory(), [3, 4], group_size=1, temperatures=1.0, token_budget=150, turn_cap=40
+        engine,
+        tok,
+        _env_factory(),
+        [3, 4],
+        EpisodeSettings(group_size=1, temperatures=1.0, token_budget=150, turn_cap=40),
     )
     for ep in (g[0] for g in groups):
         assert ep.budget_exhausted and ep.exit_status == "submitted"
@@ -156,7 +174,11 @@ def test_budget_ends_the_episode_without_running_a_cut_action(tok):
         assert last.executed == (last.action_end < 150)
 
     [[ep]] = collect_groups(
-        engine, tok, _env_factory(), [3], group_size=1, temperatures=1.0, token_budget=30, turn_cap=64
+        engine,
+        tok,
+        _env_factory(),
+        [3],
+        EpisodeSettings(group_size=1, temperatures=1.0, token_budget=30, turn_cap=64),
     )
     assert ep.budget_exhausted and ep.num_steps == 0 and len(ep.response_ids) == 30
     assert ep.response_mask == [1] * 30 and not ep.steps[0].executed and ep.exit_status == "submitted"
@@ -165,7 +187,11 @@ def test_budget_ends_the_episode_without_running_a_cut_action(tok):
 def test_same_seed_same_first_observation_and_lockstep_calls(tok):
     engine = ScriptedEngine(tok, ["cat strategy.py", "validate", "submit"])
     groups = collect_groups(
-        engine, tok, _env_factory(), [11, 12], group_size=3, temperatures=0.9, token_budget=600, turn_cap=32
+        engine,
+        tok,
+        _env_factory(),
+        [11, 12],
+        EpisodeSettings(group_size=3, temperatures=0.9, token_budget=600, turn_cap=32),
     )
     assert [len(g) for g in groups] == [3, 3]
     for g in groups:
@@ -181,7 +207,11 @@ def test_same_seed_same_first_observation_and_lockstep_calls(tok):
 def test_one_call_per_distinct_temperature(tok):
     engine = ScriptedEngine(tok, ["submit"])
     [group] = collect_groups(
-        engine, tok, _env_factory(), [5], group_size=3, temperatures=[0.5, 1.0], token_budget=200, turn_cap=8
+        engine,
+        tok,
+        _env_factory(),
+        [5],
+        EpisodeSettings(group_size=3, temperatures=[0.5, 1.0], token_budget=200, turn_cap=8),
     )
     assert [e.temperature for e in group] == [0.5, 1.0, 0.5]
     assert sorted((n, s.temperature) for n, s in engine.calls) == [(1, 1.0), (2, 0.5)]
@@ -198,11 +228,7 @@ def test_real_episode_masks_match_generated_ids(tiny):
         tok,
         _env_factory(),
         [1, 2],
-        group_size=2,
-        temperatures=1.0,
-        token_budget=budget,
-        turn_cap=cap,
-        env_workers=2,
+        EpisodeSettings(group_size=2, temperatures=1.0, token_budget=budget, turn_cap=cap, env_workers=2),
     )
     episodes = [e for g in groups for e in g]
     contexts: dict[tuple, list[list[int]]] = {}

@@ -33,7 +33,9 @@ class RecordingEngine(HFGenerateEngine):
     needs_weight_sync = True
 
     def __init__(self, live_actor, base: HFGenerateEngine):
-        super().__init__(copy.deepcopy(live_actor), base.pad_token_id, base.eos_token_ids, settings=base.settings)
+        super().__init__(
+            copy.deepcopy(live_actor), base.pad_token_id, base.eos_token_ids, settings=base.settings
+        )
         self.live = live_actor
         self.updates: list[float] = []
         self.calls: list[tuple[float, bool]] = []  # (temperature, own weights == live weights)

@@ -14,6 +14,7 @@ from src.rollout.batch import RolloutBatch, assemble_sequences
 from src.rollout.engines.hf import HFGenerateEngine
 from src.rollout.episodes.loop import Episode, StepRecord
 from src.rollout.episodes.prompts import action_from_text
+from src.rollout.request import CollectRequest
 from src.rollout.rlvcr.augment import RlvcrAugmenter, RlvcrCollector, RlvcrSettings, settings_from_algorithm
 from src.rollout.rlvcr.format import parse_step
 
@@ -310,7 +311,8 @@ def test_collector_wrapper_augments_inner_batch(setup, monkeypatch):
     class Inner:
         engine = "the engine"
 
-        def collect(self, records, step, lam=0.0, generator=None):
+        def collect(self, request: CollectRequest):
+            assert request.step == 0
             return make_batch(tok, episodes, uids)
 
     aug = RlvcrAugmenter(
@@ -321,7 +323,7 @@ def test_collector_wrapper_augments_inner_batch(setup, monkeypatch):
     )
     wrapped = RlvcrCollector(Inner(), aug)
     assert wrapped.engine == "the engine"
-    batch = wrapped.collect([], step=0)
+    batch = wrapped.collect(CollectRequest([], step=0))
     assert batch.token_advantages is not None and "rlvcr/level_frac_1" in batch.metrics
 
 

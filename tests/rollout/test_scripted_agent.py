@@ -12,7 +12,7 @@ import pytest
 
 from src.envs.registry import make_env
 from src.rollout.engines.types import Completions
-from src.rollout.episodes.loop import run_episodes
+from src.rollout.episodes.loop import EpisodeSettings, run_episodes
 from src.rollout.episodes.prompts import action_from_text, stop_token_ids
 from src.rollout.episodes.scripted_agent import (
     IGNORE_INDEX,
@@ -86,7 +86,12 @@ def _replay(tok, episodes, budget, cap):
     envs = [ENV() for _ in episodes]
     try:
         real = run_episodes(
-            engine, tok, envs, [e.seed for e in episodes], 1.0, budget, cap, rlvcr_episode_templates()
+            engine,
+            tok,
+            envs,
+            [e.seed for e in episodes],
+            EpisodeSettings(temperatures=1.0, token_budget=budget, turn_cap=cap),
+            rlvcr_episode_templates(),
         )
     finally:
         for env in envs:

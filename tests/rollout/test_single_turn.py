@@ -11,6 +11,8 @@ from src.rewards.dispatch import score
 from src.rewards.types import RewardConfig
 from src.rollout.engines.hf import HFGenerateEngine
 from src.rollout.engines.types import SamplingParams
+from src.rollout.request import CollectRequest
+from src.rollout.responses import ResponseScorer
 from src.rollout.single_turn import RouterSettings, SingleTurnCollector
 from src.router.context import record_context, routed_messages
 from src.router.families import ToolFamilies
@@ -57,9 +59,8 @@ def collector(tiny, router: bool, temperature: float = 0.7) -> SingleTurnCollect
         tok,
         HFGenerateEngine(model, tok.pad_token_id, [tok.eos_token_id]),
         SamplingParams(n=2, temperature=temperature, max_new_tokens=6),
-        RewardConfig(),
+        ResponseScorer(ToolFamilies(), lambda usage: 0.5 * usage.n_calls, RewardConfig()),
         RouterSettings(enable=router, sample=False, actor_reward="router"),
-        cost_fn=lambda usage: 0.5 * usage.n_calls,
         router_logits_fn=fixed_logits if router else None,
     )
 
@@ -68,7 +69,7 @@ def test_routed_collect_returns_a_typed_batch(tiny):
     _, tok = tiny
     records = make_records(tok)
     torch.manual_seed(0)
-    batch = collector(tiny, router=True).collect(records, step=3, lam=2.0)
+    batch = collector(tiny, router=True).collect(CollectRequest(records, step=3, lam=2.0))
     assert len(batch) == 4 and batch.uids == [0, 0, 1, 1]
     torch.testing.assert_close(batch.temperatures, torch.full((4,), 0.7))
     assert batch.router.action.tolist() == [2, 2, 0, 0]
@@ -98,7 +99,7 @@ def test_unrouted_collect_with_greedy_eval_sampling(tiny):
     _, tok = tiny
     records = make_records(tok)
     greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=6)
-    batch = collector(tiny, router=False).collect(records, step=0, sampling=greedy)
+    batch = collector(tiny, router=False).collect(CollectRequest(records, step=0, sampling=greedy))
     assert batch.router is None and "route" not in batch.rows[0] and batch.uids == [0, 1]
     torch.testing.assert_close(batch.temperatures, torch.zeros(2))
     width = batch.prompt_width

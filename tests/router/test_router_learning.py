@@ -16,10 +16,10 @@ Setup (seeded, CPU, a few seconds):
         kinds would depend on surface tokens and on the seed; a trained LM's states would, and
         that is what this stands in for — the test is about the RL and dual updates, not about
         representation learning.
-    Router path: the module's own ``ToolRouterModule.router_logits`` and ``_router_loss`` (GRPO
-        advantages grouped by the row's ``extra_info.index``, then ``router_loss``), borrowed
-        by a minimal host object whose actor is the frozen embedding; Adam on the real
-        ``RouterHead``; λ from the real ``LagrangeCallback`` (``lagrange_update`` every K steps).
+    Router path: the real ``RouterPolicy`` (the module's router unit: head, GRPO advantages of
+        r_router grouped by the row's ``extra_info.index``, ``router_loss``, entropy schedule)
+        over the frozen embedding's hidden states; Adam on its parameters; λ and its window
+        updated by the module's own ``lambda_window_step`` (``lagrange_update`` every K steps).
 Budget: B = share of high-gain prompts (1/3), so at the optimum only high-gain prompts use a tool
 (the right family) and λ settles between the low-gain and the high-gain reward gain per unit cost.
 """
@@ -29,19 +29,17 @@ from __future__ import annotations
 import copy
 import time
 from dataclasses import dataclass
-from types import SimpleNamespace
 
 import pytest
 import torch
-from torch import nn
 
 from src.algorithms.advantages import group_ids, grpo_advantage
-from src.algorithms.lagrange import lagrange_update
+from src.algorithms.lagrange import DualSettings, lagrange_update
 from src.algorithms.losses import router_loss
-from src.callbacks.lagrange_callback import LagrangeCallback
+from src.config.schema import RouterHeadConfig
 from src.datamodules.synthetic import generate_rlla_rows, ground_truth_family
 from src.formats.tools_block import tool_descriptions
-from src.models.module import ToolRouterModule
+from src.models.router_policy import RouterPolicy, lambda_window_step
 from src.rollout.batch import RolloutBatch, RouterRollout
 from src.router.cost import make_cost_fn
 from src.router.families import ToolFamilies
@@ -122,61 +120,40 @@ def build_world(n: int = 48, seed: int = 0, noise: float = 0.3) -> World:
     )
 
 
-class FrozenEmbeddingLM(nn.Module):
-    """An "actor" whose decoder body returns fixed per-token vectors as last_hidden_state."""
+class Router:
+    """The frozen-embedding "backbone", the real ``RouterPolicy`` and λ with its window, held as
+    the module holds them (two tensors updated by ``lambda_window_step``)."""
 
-    def __init__(self, embedding: torch.Tensor):
-        super().__init__()
-        self.model = _Body(embedding)
-
-
-# what the callback needs of a one-process Trainer: a strategy whose reduce is the identity
-SINGLE_DEVICE = SimpleNamespace(strategy=SimpleNamespace(reduce=lambda tensor, reduce_op=None: tensor))
-
-
-class _Body(nn.Module):
-    def __init__(self, embedding: torch.Tensor):
-        super().__init__()
-        self.register_buffer("table", embedding)
-
-    def forward(self, input_ids, attention_mask, position_ids):
-        return SimpleNamespace(last_hidden_state=self.table[input_ids])
-
-
-class RouterHost:
-    """Just enough of ``ToolRouterModule`` to run its own router methods and the λ callback."""
-
-    router_logits = ToolRouterModule.router_logits
-    _router_loss = ToolRouterModule._router_loss
-    _router_entropy_coef = ToolRouterModule._router_entropy_coef
-    global_step = 0
-
-    def __init__(self, actor: nn.Module, head: RouterHead, entropy_coef: float = 0.0):
-        self.actor, self.router_head = actor, head
-        self.device = torch.device("cpu")
-        self.algo = SimpleNamespace(adv_eps=1e-6, norm_adv_by_std=True)
-        self.router_cfg = SimpleNamespace(
-            entropy_coef=entropy_coef,
-            entropy_coef_final=None,
-            entropy_decay_steps=0,
-            sup_coef=0.0,
-            detach_backbone=True,
-            norm_adv_by_std=True,
-            adv_estimator="grpo",
+    def __init__(self, embedding: torch.Tensor, entropy_coef: float = 0.0, dual: DualSettings | None = None):
+        cfg = RouterHeadConfig(
+            enable=True, mlp_hidden=32, entropy_coef=entropy_coef, sup_coef=0.0, norm_adv_by_std=True
         )
-        self.lagrange_lambda = torch.tensor(0.0)
-        self.logged: list[dict] = []
+        self.embedding, self.policy, self.dual = embedding, RouterPolicy(HIDDEN, cfg, adv_eps=1e-6), dual
+        self.lam = torch.tensor(0.0)
+        self.window = torch.zeros(4, dtype=torch.float64)
 
-    def log_dict(self, metrics, **_):
-        self.logged.append(dict(metrics))
+    def prompt_logits(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> torch.Tensor:
+        """[P, 3]: the policy's head over the frozen per-token vectors."""
+        return self.policy(self.embedding[prompt_ids], prompt_mask)
+
+    def loss(self, rb: RolloutBatch, step: int = 0):
+        r = rb.router
+        return self.policy.loss(self.prompt_logits(r.prompt_ids, r.prompt_mask), r, rb.uids, step)
+
+    def end_step(self, rb: RolloutBatch) -> dict[str, float]:
+        """What ``ToolRouterModule.update_lambda`` does on one process (no reduction needed)."""
+        cost = rb.router.cost
+        totals = torch.tensor([float(cost.sum()), float(rb.rewards.sum()), float(cost.numel())])
+        return lambda_window_step(self.lam, self.window, totals, self.dual)
 
 
 def rollout_batch(
-    world: World, idx: torch.Tensor, copies: int, lam: float, generator: torch.Generator, host: RouterHost
+    world: World, idx: torch.Tensor, copies: int, lam: float, generator: torch.Generator, router: Router
 ) -> RolloutBatch:
     """One step's rollouts: P prompts × G copies, each copy samples its own route."""
     ids, mask = world.prompt_ids[idx], world.prompt_mask[idx]
-    logits = host.router_logits(ids, mask).repeat_interleave(copies, dim=0)
+    with torch.no_grad():
+        logits = router.prompt_logits(ids, mask).repeat_interleave(copies, dim=0)
     out = RouterHead.act(logits, sample=True, generator=generator)
     rows = idx.repeat_interleave(copies)
     r_task = world.rewards[rows, out.router_action]
@@ -224,24 +201,21 @@ def train(
     start = time.perf_counter()
     torch.manual_seed(seed)
     generator = torch.Generator().manual_seed(seed)
-    host = RouterHost(
-        FrozenEmbeddingLM(world.embedding), RouterHead(HIDDEN, mlp_hidden=32, pooling="last"), entropy_coef
-    )
-    optimizer = torch.optim.Adam(host.router_head.parameters(), lr=lr)
-    callback = LagrangeCallback(budget=budget, lr=eta, every_k_steps=k)
+    router = Router(world.embedding, entropy_coef, DualSettings(budget=budget, lr=eta, every_k=k))
+    optimizer = torch.optim.Adam(router.policy.parameters(), lr=lr)
     lambdas, costs = [], []
     for step in range(steps):
         idx = torch.randperm(len(world.rows), generator=generator)[:prompts]
-        rb = rollout_batch(world, idx, copies, float(host.lagrange_lambda), generator, host)
-        loss, _ = host._router_loss(rb)
+        rb = rollout_batch(world, idx, copies, float(router.lam), generator, router)
+        loss, _ = router.loss(rb)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        callback.on_train_batch_end(SINGLE_DEVICE, host, {"rollout": rb}, None, step)
-        lambdas.append(float(host.lagrange_lambda))
+        router.end_step(rb)
+        lambdas.append(float(router.lam))
         costs.append(float(rb.router.cost.mean()))
     with torch.no_grad():
-        probs = torch.softmax(host.router_logits(world.prompt_ids, world.prompt_mask), dim=-1)
+        probs = torch.softmax(router.prompt_logits(world.prompt_ids, world.prompt_mask), dim=-1)
     expected = float((probs * world.costs).sum(-1).mean())
     return Run(expected, sum(costs[-window:]) / window, probs, lambdas, costs, time.perf_counter() - start)
 
@@ -348,16 +322,16 @@ def test_training_is_deterministic(world):
 # ---------------------------------------------------------------- the pieces the loop relies on
 
 
-def test_module_router_loss_is_grpo_advantage_then_router_loss(world):
+def test_router_policy_loss_is_grpo_advantage_then_router_loss(world):
     g = torch.Generator().manual_seed(3)
-    head = RouterHead(HIDDEN, mlp_hidden=32)
-    host = RouterHost(FrozenEmbeddingLM(world.embedding), head, entropy_coef=0.2)
+    router = Router(world.embedding, entropy_coef=0.2)
     idx = torch.randperm(len(world.rows), generator=g)[:6]
-    rb = rollout_batch(world, idx, 4, 1.7, g, host)
-    loss, parts = host._router_loss(rb)
+    rb = rollout_batch(world, idx, 4, 1.7, g, router)
+    loss, parts = router.loss(rb)
 
     with torch.no_grad():
-        logits = head(world.embedding[world.prompt_ids[idx]], world.prompt_mask[idx])[rb.router.prompt_index]
+        logits = router.policy(world.embedding[world.prompt_ids[idx]], world.prompt_mask[idx])
+    logits = logits[rb.router.prompt_index]
     adv = grpo_advantage(rb.router.reward, group_ids(rb.uids))
     expected, _ = router_loss(logits, rb.router.action, adv, entropy_coef=0.2)
     torch.testing.assert_close(loss, expected)
@@ -373,52 +347,47 @@ def test_module_router_loss_is_grpo_advantage_then_router_loss(world):
     torch.testing.assert_close(rb.router.reward, rb.rewards - 1.7 * rb.router.cost)
 
 
-class _FakeModule:
-    def __init__(self):
-        self.lagrange_lambda = torch.tensor(0.0)
-        self.device = torch.device("cpu")
-
-    def log_dict(self, *_, **__):
-        pass
+def test_router_policy_entropy_schedule_falls_linearly():
+    cfg = RouterHeadConfig(enable=True, entropy_coef=0.5, entropy_coef_final=0.1, entropy_decay_steps=4)
+    policy = RouterPolicy(HIDDEN, cfg)
+    assert [policy.entropy_coef(s) for s in (0, 2, 4, 9)] == pytest.approx([0.5, 0.3, 0.1, 0.1])
 
 
 def _feed(
-    callback: LagrangeCallback, module: _FakeModule, costs: list[torch.Tensor], start: int = 0
+    lam: torch.Tensor, window: torch.Tensor, dual: DualSettings, costs: list[torch.Tensor]
 ) -> list[float]:
-    """Run the callback over one step per cost tensor; λ after each step."""
+    """One ``lambda_window_step`` per step's costs (one process); λ after each step."""
     out = []
-    for step, cost in enumerate(costs, start=start):
-        router = SimpleNamespace(cost=cost)
-        rollout = SimpleNamespace(router=router, rewards=torch.ones_like(cost))
-        callback.on_train_batch_end(SINGLE_DEVICE, module, {"rollout": rollout}, None, step)
-        out.append(float(module.lagrange_lambda))
+    for cost in costs:
+        totals = torch.tensor([float(cost.sum()), float(cost.numel()), float(cost.numel())])
+        lambda_window_step(lam, window, totals, dual)
+        out.append(float(lam))
     return out
 
 
-def test_lagrange_callback_is_lagrange_update_on_window_means_and_resumes_exactly():
+def test_lambda_window_step_is_lagrange_update_on_window_means_and_resumes_exactly():
     g = torch.Generator().manual_seed(0)
     costs = [torch.rand(int(torch.randint(3, 9, (1,), generator=g)), generator=g) for _ in range(14)]
-    budget, lr, k = 0.3, 0.7, 3
+    dual = DualSettings(budget=0.3, lr=0.7, every_k=3)
 
-    got = _feed(LagrangeCallback(budget, lr, every_k_steps=k), _FakeModule(), costs)
+    got = _feed(torch.tensor(0.0), torch.zeros(4, dtype=torch.float64), dual, costs)
     lam, expected, window = 0.0, [], []
     for step, cost in enumerate(costs):
         window.append(cost)
-        if (step + 1) % k == 0:
-            lam = lagrange_update(lam, float(torch.cat(window).mean()), budget, lr)
+        if (step + 1) % dual.every_k == 0:
+            lam = lagrange_update(lam, float(torch.cat(window).mean()), dual.budget, dual.lr)
             window = []
         expected.append(lam)
     assert got == pytest.approx(expected, abs=1e-6)
     assert len(set(got)) > 2  # λ moved, and stayed >= 0
     assert min(got) >= 0
 
-    # stop mid-window (step 7 of windows of 3), restore into a fresh callback, continue
-    first, module = LagrangeCallback(budget, lr, every_k_steps=k), _FakeModule()
-    _feed(first, module, costs[:7])
-    state = copy.deepcopy(first.state_dict())
-    resumed = LagrangeCallback(budget, lr, every_k_steps=k)
-    resumed.load_state_dict(state)
-    assert resumed.state_dict() == state
-    restored = _FakeModule()
-    restored.lagrange_lambda.fill_(float(module.lagrange_lambda))
-    assert _feed(resumed, restored, costs[7:], start=7) == got[7:]
+    # stop mid-window (step 7 of windows of 3), copy the two tensors (the checkpoint), continue
+    lam_t, window_t = torch.tensor(0.0), torch.zeros(4, dtype=torch.float64)
+    _feed(lam_t, window_t, dual, costs[:7])
+    resumed = (copy.deepcopy(lam_t), copy.deepcopy(window_t))
+    assert _feed(*resumed, dual, costs[7:]) == pytest.approx(got[7:], abs=1e-12)
+    capped = _feed(
+        torch.tensor(0.0), torch.zeros(4, dtype=torch.float64), DualSettings(0.0, 5.0, 1, 0.4), costs
+    )
+    assert max(capped) == pytest.approx(0.4)  # lambda_max caps λ

@@ -17,23 +17,9 @@ from src.envs.base import EpisodeEnv
 from src.rewards.finite import check_finite_rewards
 from src.rollout.batch import RolloutBatch, assemble_sequences
 from src.rollout.engines.types import RolloutEngine
-from src.rollout.episodes.loop import Episode, collect_groups
+from src.rollout.episodes.loop import Episode, EpisodeSettings, collect_groups
 from src.rollout.episodes.prompts import EpisodeTemplates
 from src.rollout.request import CollectRequest
-
-
-@dataclass
-class EpisodeSettings:
-    """group_size: G episodes per seed; temperatures: one value or a list cycled over the G;
-    token_budget / turn_cap: see ``loop.py``; baseline: subtracted from the final score."""
-
-    group_size: int = 4
-    temperatures: float | list[float] = 1.0
-    top_p: float = 1.0
-    token_budget: int = 1024
-    turn_cap: int = 128
-    baseline: float | None = None
-    env_workers: int = 1
 
 
 def pad_episodes(episodes: Sequence[Episode], pad_id: int) -> dict[str, torch.Tensor]:
@@ -108,7 +94,9 @@ class EpisodeCollector:
     def collect(self, request: CollectRequest) -> RolloutBatch:
         """``lam`` and ``generator`` are unused (no router; sampling uses torch's global RNG)."""
         if request.sampling is not None:
-            raise ValueError("episode collectors sample at env.temperatures; a request's sampling is not used")
+            raise ValueError(
+                "episode collectors sample at env.temperatures; a request's sampling is not used"
+            )
         records, step = request.records, request.step
         check_records(records)
         t0 = time.perf_counter()
@@ -126,20 +114,8 @@ class EpisodeCollector:
 
     def run_groups(self, seeds: list[int]) -> list[list[Episode]]:
         """G episodes per seed (each at its own temperature from ``settings.temperatures``)."""
-        s = self.settings
         return collect_groups(
-            self.engine,
-            self.tokenizer,
-            self.env_factory,
-            seeds,
-            s.group_size,
-            s.temperatures,
-            s.token_budget,
-            s.turn_cap,
-            self.templates,
-            s.baseline,
-            top_p=s.top_p,
-            env_workers=s.env_workers,
+            self.engine, self.tokenizer, self.env_factory, seeds, self.settings, self.templates
         )
 
 

@@ -19,7 +19,8 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from src.envs.base import EpisodeEnv
-from src.rollout.episodes.collector import EpisodeCollector, EpisodeSettings
+from src.rollout.episodes.collector import EpisodeCollector
+from src.rollout.episodes.loop import EpisodeSettings
 from src.rollout.episodes.prompts import EpisodeTemplates
 
 # Keys of cfg.env that are not environment constructor arguments.

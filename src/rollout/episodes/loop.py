@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import cycle, islice
 from typing import Any
 
@@ -150,49 +150,59 @@ def _as_score(value) -> float | None:
     return None if value is None else float(value)
 
 
+@dataclass
+class EpisodeSettings:
+    """group_size: G episodes per seed; temperatures: one value, or a list (``collect_groups``:
+    cycled over the G; ``run_episodes``: one per episode); token_budget: max response tokens
+    (actions + observations) per episode; turn_cap: max generated tokens per action; baseline:
+    subtracted from the final score; env_workers: threads for env reset/step (>1 overlaps the
+    envs' subprocesses; keep 1 for envs that change the working directory, e.g. real MLGym)."""
+
+    group_size: int = 4
+    temperatures: float | list[float] = 1.0
+    top_p: float = 1.0
+    token_budget: int = 1024
+    turn_cap: int = 128
+    baseline: float | None = None
+    env_workers: int = 1
+
+
 def run_episodes(
     engine: RolloutEngine,
     tokenizer,
     envs: Sequence[EpisodeEnv],
     seeds: Sequence[int],
-    temperatures: float | Sequence[float],
-    token_budget: int,
-    turn_cap: int,
+    settings: EpisodeSettings,
     templates: EpisodeTemplates | None = None,
-    baseline: float | None = None,
-    *,
-    top_p: float = 1.0,
-    env_workers: int = 1,
 ) -> list[Episode]:
     """Run one episode per env, all in lockstep (see the module docstring). Envs are not closed.
 
     Args:
         envs / seeds: one env and its reset seed per episode (same length).
-        temperatures: one value for all, or one per episode.
-        token_budget: max response tokens (actions + observations) per episode.
-        turn_cap: max generated tokens per action.
-        env_workers: threads for env reset/step (>1 overlaps the envs' subprocesses; keep 1 for
-            envs that change the process's working directory, e.g. real MLGym).
+        settings: ``temperatures`` one value for all or one per episode; ``group_size`` unused.
     Returns:
         Episodes in env order.
     """
-    temps = episode_temperatures(temperatures, len(envs), len(seeds))
+    token_budget, turn_cap = settings.token_budget, settings.turn_cap
+    temps = episode_temperatures(settings.temperatures, len(envs), len(seeds))
     if token_budget < 1 or turn_cap < 1:
         raise ValueError(f"token_budget and turn_cap must be >= 1, got {token_budget}, {turn_cap}")
     templates = templates or EpisodeTemplates()
     runs = [_Run(env, int(seed), t) for env, seed, t in zip(envs, seeds, temps)]
-    pool = ThreadPoolExecutor(max_workers=env_workers) if env_workers > 1 else None
+    pool = ThreadPoolExecutor(max_workers=settings.env_workers) if settings.env_workers > 1 else None
     try:
         firsts = _map(pool, lambda r: r.env.reset(r.seed), runs)
         for run, (observation, _info) in zip(runs, firsts):
             run.prompt = prompt_ids(tokenizer, templates, run.env.task_prompt, observation)
-        turn = _Turn(engine, tokenizer, templates, stop_token_ids(tokenizer), token_budget, turn_cap, top_p)
+        turn = _Turn(
+            engine, tokenizer, templates, stop_token_ids(tokenizer), token_budget, turn_cap, settings.top_p
+        )
         while any(not r.done for r in runs):
             _play_turn(turn, pool, [r for r in runs if not r.done])
     finally:
         if pool is not None:
             pool.shutdown(wait=True)
-    return [_to_episode(r, baseline) for r in runs]
+    return [_to_episode(r, settings.baseline) for r in runs]
 
 
 def episode_temperatures(temperatures: float | Sequence[float], n_envs: int, n_seeds: int) -> list[float]:
@@ -315,42 +325,25 @@ def collect_groups(
     tokenizer,
     env_factory: Callable[[], EpisodeEnv],
     seeds: Sequence[int],
-    group_size: int,
-    temperatures: float | Sequence[float],
-    token_budget: int,
-    turn_cap: int,
+    settings: EpisodeSettings,
     templates: EpisodeTemplates | None = None,
-    baseline: float | None = None,
-    *,
-    top_p: float = 1.0,
-    env_workers: int = 1,
 ) -> list[list[Episode]]:
     """GRPO groups: for each seed, ``group_size`` episodes from that same env seed.
 
     All len(seeds) × G episodes run in one lockstep ``run_episodes``; every env is built by
     ``env_factory()`` and closed afterwards, also on error. Returns one list of G episodes per seed.
     """
+    group_size = settings.group_size
     if group_size < 1:
         raise ValueError(f"group_size must be >= 1, got {group_size}")
-    temps = group_temperatures(temperatures, group_size)
+    temps = group_temperatures(settings.temperatures, group_size)
     envs: list[EpisodeEnv] = []
     try:
         for _ in range(len(seeds) * group_size):
             envs.append(env_factory())
         flat_seeds = [int(s) for s in seeds for _ in range(group_size)]
-        episodes = run_episodes(
-            engine,
-            tokenizer,
-            envs,
-            flat_seeds,
-            temps * len(seeds),
-            token_budget,
-            turn_cap,
-            templates,
-            baseline,
-            top_p=top_p,
-            env_workers=env_workers,
-        )
+        per_episode = replace(settings, temperatures=temps * len(seeds))
+        episodes = run_episodes(engine, tokenizer, envs, flat_seeds, per_episode, templates)
     finally:
         for env in envs:
             try:

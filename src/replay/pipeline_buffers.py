@@ -16,9 +16,9 @@ from typing import Any
 
 from src.rollout.batch import RolloutBatch
 from src.rollout.batch_ops import concat_batches
-from src.rollout.replay import ReplayBuffer
+from src.replay.buffer import ReplayBuffer
 from src.rollout.request import CollectRequest
-from src.rollout.workers import RolloutWorkerPool
+from src.replay.workers import RolloutWorkerPool
 
 
 def with_fresh_rows(sample_batch: RolloutBatch, fresh: RolloutBatch | None, metrics: dict) -> RolloutBatch:
@@ -64,7 +64,11 @@ class WorkerReplay(LocalReplay):
     collects_locally = False
 
     def __init__(
-        self, buffer: ReplayBuffer, n_groups: int, pool_factory: Callable[[], RolloutWorkerPool], sync_every: int
+        self,
+        buffer: ReplayBuffer,
+        n_groups: int,
+        pool_factory: Callable[[], RolloutWorkerPool],
+        sync_every: int,
     ):
         super().__init__(buffer, n_groups)
         self.pool_factory, self.sync_every = pool_factory, max(int(sync_every), 1)

@@ -9,7 +9,7 @@ import torch
 
 from src.rollout.batch import RolloutBatch
 from src.rollout.batch_ops import concat_batches, select_rows, split_groups
-from src.rollout.replay import ReplayBuffer
+from src.replay.buffer import ReplayBuffer
 
 PAD = 0
 
