@@ -239,6 +239,7 @@ def episode_sft_examples(cfg: DictConfig, tokenizer) -> list[dict[str, list[int]
     """``sft.episodes`` scripted episodes of ``cfg.env`` in the RLVCR step format as SFT examples:
     the whole episode's ids, labels on the step tokens only (see ``src.rollout.episodes.scripted_agent``)."""
     from src.rollout.episodes.factory import env_factory, episode_templates
+    from src.rollout.episodes.loop import EpisodeSettings
     from src.rollout.episodes.scripted_agent import level_counts, scripted_episodes
 
     s = cfg.sft
@@ -249,9 +250,11 @@ def episode_sft_examples(cfg: DictConfig, tokenizer) -> list[dict[str, list[int]
         episode_templates(env_cfg),
         int(s.episodes),
         int(cfg.seed),
-        int(env_cfg["token_budget"]),
-        int(env_cfg["turn_cap"]),
-        workers=int(s.get("episode_workers", 2)),
+        EpisodeSettings(
+            token_budget=int(env_cfg["token_budget"]),
+            turn_cap=int(env_cfg["turn_cap"]),
+            env_workers=int(s.get("episode_workers", 2)),
+        ),
     )
     examples = [dict(zip(("input_ids", "labels"), e.sft_example())) for e in episodes]
     kept = [e for e in examples if len(e["input_ids"]) <= s.max_length]

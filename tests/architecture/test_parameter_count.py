@@ -26,9 +26,7 @@ KNOWN = {
     "src/datamodules/prepare.py rlla_datamodule",
     "src/datamodules/prepare.py seeds_datamodule",
     "src/datamodules/rlla_datamodule.py __init__",
-    # scripted warm-start episodes and inference
-    "src/rollout/episodes/scripted_agent.py scripted_episodes",
-    "src/rollout/episodes/scripted_agent.py play_episode",
+    # inference
     "src/jobs/inference.py respond_batch",
     "src/jobs/inference.py respond",
 }

@@ -48,7 +48,12 @@ def tok(tiny):
 @pytest.fixture(scope="module")
 def episodes(tok):
     return scripted_episodes(
-        ENV, tok, rlvcr_episode_templates(), 8, seed=3, token_budget=BUDGET, turn_cap=CAP, workers=2
+        ENV,
+        tok,
+        rlvcr_episode_templates(),
+        8,
+        seed=3,
+        limits=EpisodeSettings(token_budget=BUDGET, turn_cap=CAP, env_workers=2),
     )
 
 
@@ -148,7 +153,12 @@ def test_steps_parse_at_the_levels_drawn(tok, episodes):
 
 def test_deterministic_by_seed(tok, episodes):
     again = scripted_episodes(
-        ENV, tok, rlvcr_episode_templates(), 3, seed=3, token_budget=BUDGET, turn_cap=CAP
+        ENV,
+        tok,
+        rlvcr_episode_templates(),
+        3,
+        seed=3,
+        limits=EpisodeSettings(token_budget=BUDGET, turn_cap=CAP),
     )
     for a, b in zip(again, episodes):
         assert (a.seed, a.prompt_ids, a.response_ids, a.response_mask) == (
@@ -158,11 +168,23 @@ def test_deterministic_by_seed(tok, episodes):
             b.response_mask,
         )
     other = scripted_episodes(
-        ENV, tok, rlvcr_episode_templates(), 3, seed=4, token_budget=BUDGET, turn_cap=CAP
+        ENV,
+        tok,
+        rlvcr_episode_templates(),
+        3,
+        seed=4,
+        limits=EpisodeSettings(token_budget=BUDGET, turn_cap=CAP),
     )
     assert [e.seed for e in other] != [e.seed for e in again]
     with pytest.raises(ValueError):
-        scripted_episodes(ENV, tok, rlvcr_episode_templates(), 0, seed=3, token_budget=BUDGET, turn_cap=CAP)
+        scripted_episodes(
+            ENV,
+            tok,
+            rlvcr_episode_templates(),
+            0,
+            seed=3,
+            limits=EpisodeSettings(token_budget=BUDGET, turn_cap=CAP),
+        )
 
 
 def test_contexts_equal_what_the_episode_loop_feeds_the_model(tok, episodes):
@@ -186,7 +208,12 @@ def test_tight_budget_cuts_observations_like_the_episode_loop(tok):
     # or dropped; every recorded turn is one the loop shows the model, with the same ids
     budget = 330
     eps = scripted_episodes(
-        ENV, tok, rlvcr_episode_templates(), 6, seed=11, token_budget=budget, turn_cap=CAP
+        ENV,
+        tok,
+        rlvcr_episode_templates(),
+        6,
+        seed=11,
+        limits=EpisodeSettings(token_budget=budget, turn_cap=CAP),
     )
     assert any(e.budget_exhausted for e in eps) and all(len(e.response_ids) <= budget for e in eps)
     assert any(t.level < t.drawn_level for e in eps for t in e.turns)  # a step rewritten shorter to fit

@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from src.envs.base import EpisodeEnv
-from src.rollout.episodes.loop import EXIT_NOT_DONE, observation_tokens
+from src.rollout.episodes.loop import EXIT_NOT_DONE, EpisodeSettings, observation_tokens
 from src.rollout.episodes.prompts import EpisodeTemplates, prompt_ids
 from src.rollout.rlvcr.format import LEVELS, format_step
 
@@ -201,15 +201,17 @@ def play_episode(
     tokenizer,
     templates: EpisodeTemplates,
     env_seed: int,
-    token_budget: int,
-    turn_cap: int,
+    limits: EpisodeSettings,
     rng: random.Random,
     game: str | None = None,
 ) -> ScriptedEpisode:
     """Play one scripted episode on ``env`` (reset with ``env_seed``); the env is not closed.
 
+    ``limits``: the episode loop's ``token_budget`` and ``turn_cap`` (the rest is unused).
+
     ``game`` picks the strategy to write (``BEST_MOVE``); None = the env's own game (``env.game.name``).
     """
+    token_budget, turn_cap = limits.token_budget, limits.turn_cap
     observation, info = env.reset(env_seed)
     ep = ScriptedEpisode(
         seed=env_seed, prompt_ids=prompt_ids(tokenizer, templates, env.task_prompt, observation)
@@ -255,13 +257,13 @@ def scripted_episodes(
     templates: EpisodeTemplates,
     n_episodes: int,
     seed: int,
-    token_budget: int,
-    turn_cap: int,
+    limits: EpisodeSettings,
     game: str | None = None,
-    workers: int = 1,
 ) -> list[ScriptedEpisode]:
     """``n_episodes`` scripted episodes, deterministic by ``seed``; each env is built by
-    ``env_factory()`` and closed afterwards. ``workers`` threads overlap the envs' subprocesses."""
+    ``env_factory()`` and closed afterwards. ``limits``: ``token_budget``, ``turn_cap`` and
+    ``env_workers`` (threads that overlap the envs' subprocesses) of the episode loop."""
+    token_budget, turn_cap, workers = limits.token_budget, limits.turn_cap, limits.env_workers
     if n_episodes < 1:
         raise ValueError(f"n_episodes must be >= 1, got {n_episodes}")
     if token_budget < 1 or turn_cap < 1:
@@ -271,9 +273,7 @@ def scripted_episodes(
         rng = random.Random(f"scripted-agent/{seed}/{i}")
         env = env_factory()
         try:
-            return play_episode(
-                env, tokenizer, templates, rng.randrange(2**31 - 1), token_budget, turn_cap, rng, game
-            )
+            return play_episode(env, tokenizer, templates, rng.randrange(2**31 - 1), limits, rng, game)
         finally:
             env.close()
 
