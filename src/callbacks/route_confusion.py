@@ -46,7 +46,9 @@ class RouteConfusionLogger(pl.Callback):
         )
         for logger in trainer.loggers:
             if isinstance(logger, TensorBoardLogger):
-                logger.experiment.add_text(TAG, header + text, global_step=step)
+                # at the logger step of the last step it covers (that step's scalars sit there), so
+                # a resume, which rewrites the events from its own first step on, keeps it
+                logger.experiment.add_text(TAG, header + text, global_step=step - 1)
         log.info("route confusion (weak label x route) %s\n%s", header.strip(), text)
         self.labels, self.routes = [], []
 
