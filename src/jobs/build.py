@@ -14,6 +14,7 @@ from hydra.utils import instantiate
 from lightning.pytorch.loggers import TensorBoardLogger
 from omegaconf import DictConfig, OmegaConf
 
+from src.algorithms.lagrange import DualSettings
 from src.callbacks.checkpointing import (
     AtomicCheckpointIO,
     ManifestCheckpoint,
@@ -21,7 +22,6 @@ from src.callbacks.checkpointing import (
     ManifestWriter,
 )
 from src.callbacks.progress import StepProgressBar
-from src.algorithms.lagrange import DualSettings
 from src.config.groups import AlgorithmGroupConfig, RouterConfig
 from src.config.sampling import eval_sampling
 from src.config.validate import world_size

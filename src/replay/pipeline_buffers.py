@@ -14,11 +14,11 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+from src.replay.buffer import ReplayBuffer
+from src.replay.workers import RolloutWorkerPool
 from src.rollout.batch import RolloutBatch
 from src.rollout.batch_ops import concat_batches
-from src.replay.buffer import ReplayBuffer
 from src.rollout.request import CollectRequest
-from src.replay.workers import RolloutWorkerPool
 
 
 def with_fresh_rows(sample_batch: RolloutBatch, fresh: RolloutBatch | None, metrics: dict) -> RolloutBatch:

@@ -18,7 +18,6 @@ import torch
 
 from src.algorithms.lagrange import lagrangian_reward
 from src.rewards.finite import check_finite_rewards
-from src.rewards.types import RewardConfig
 from src.rollout.batch import RolloutBatch, RouterRollout, assemble_sequences
 from src.rollout.engines.types import Completions, RolloutEngine, SamplingParams, left_pad
 from src.rollout.request import CollectRequest

@@ -7,10 +7,10 @@ import json
 import pandas as pd
 import pytest
 
+from src.algorithms.advantages import ADVANTAGES
 from src.config.checks import file_list
 from src.config.compose import compose_job
 from src.config.errors import ConfigError
-from src.algorithms.advantages import ADVANTAGES
 from src.config.validate import max_positions
 from src.jobs.checks import validate_job
 

@@ -7,9 +7,9 @@ import io
 import pytest
 import torch
 
+from src.replay.buffer import ReplayBuffer
 from src.rollout.batch import RolloutBatch
 from src.rollout.batch_ops import concat_batches, select_rows, split_groups
-from src.replay.buffer import ReplayBuffer
 
 PAD = 0
 
