@@ -95,3 +95,76 @@ def test_curriculum_and_training_share_one_engine_synced_after_every_step(cache_
     train_calls = [same for temp, same in engine.calls if temp > 0.0]
     assert len(evals) >= 3 and len(train_calls) == 3  # lessons evaluated at steps 0, 1, 2
     assert all(evals) and all(train_calls), "every generate saw the live actor's weights"
+
+
+class _Recorder:
+    """A collector answering with a fixed batch; it records the requests it got."""
+
+    def __init__(self, engine, batch):
+        self.engine, self.batch, self.requests = engine, batch, []
+
+    def collect(self, request):
+        self.requests.append(request)
+        return self.batch
+
+
+class _SharedActorEngine(HFGenerateEngine):
+    """The HF engine samples from the trainer's own actor: the pipeline must not push weights to it."""
+
+    def __init__(self):
+        super().__init__(torch.nn.Linear(1, 1), 0, [1])
+        self.pushed = 0
+
+    def update_weights(self, state_dict=None) -> None:
+        self.pushed += 1
+
+
+class _Pool:
+    def __init__(self):
+        self.pushes: list[int] = []
+
+    def push_weights(self, state_dict, version):
+        self.pushes.append(version)
+
+
+def _batch():
+    from src.rollout.batch import RolloutBatch
+
+    ids = torch.ones(2, 3, dtype=torch.long)
+    return RolloutBatch(ids, ids, ids[:, 1:], torch.zeros(2), [0, 0], torch.zeros(2, 2))
+
+
+def test_pipeline_seeds_each_step_and_leaves_a_shared_actor_engine_alone():
+    from types import SimpleNamespace
+
+    from src.rollout.pipeline import DataSource, NoBuffer, RolloutPipeline, step_seed
+
+    engine = _SharedActorEngine()
+    collector = _Recorder(engine, _batch())
+    pipeline = RolloutPipeline(lambda module: collector, DataSource(), NoBuffer(), None, seed=3)
+    module = SimpleNamespace(actor=torch.nn.Linear(2, 2))
+    pipeline.start(module, step=0)
+    batch, scalars = pipeline.rollout([{"uid": 0}], step=5, lam=0.25)
+    pipeline.sync_weights(module, step=6)
+    assert batch is collector.batch and scalars == {}
+    request = collector.requests[0]
+    assert (request.records, request.step, request.lam, request.sampling) == ([{"uid": 0}], 5, 0.25, None)
+    assert request.generator.initial_seed() == step_seed(3, 5)
+    assert engine.pushed == 0  # needs_weight_sync is False: it already samples from the actor
+    with pytest.raises(ValueError, match="eval sampling"):
+        pipeline.evaluate([{"uid": 0}], step=5, lam=0.0)
+
+
+def test_worker_replay_pushes_at_start_and_every_k_steps():
+    from types import SimpleNamespace
+
+    from src.replay.buffer import ReplayBuffer
+    from src.replay.pipeline_buffers import WorkerReplay
+
+    pool = _Pool()
+    replay = WorkerReplay(ReplayBuffer(8, 1.0, 2, 2, pad_id=0), 1, lambda: pool, sync_every=3)
+    module = SimpleNamespace(state_dict=dict)
+    replay.start(module, step=4)  # a resume at step 4: the workers need the restored weights
+    for step in range(4, 10):
+        replay.sync(module, step)
+    assert pool.pushes == [4, 6, 9]
