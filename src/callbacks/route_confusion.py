@@ -1,6 +1,9 @@
 """Weak label × route confusion of the training rollouts, written to TensorBoard as text
 (``train/route_confusion``) every N steps (the job passes ``trainer.val_check_interval``), over
-the rollouts since the last write. The rollouts are the training step's outputs (``outputs["rollout"]``)."""
+the rollouts since the last write. The rollouts are the training step's outputs (``outputs["rollout"]``).
+
+A resume cuts TensorBoard back to the last logged step, which drops a text written there; the
+last text and the rollouts since it are callback state, and the resumed run writes it again."""
 
 from __future__ import annotations
 
@@ -22,6 +25,13 @@ class RouteConfusionLogger(pl.Callback):
         self.every = max(int(every_n_steps), 1)
         self.labels: list[str] = []
         self.routes: list[str] = []
+        self.last: tuple[int, str] | None = None  # (logger step, text) of the last write
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        # resumed right after a write: cutting the event files back to the last logged step
+        # (global_step - 1, see src/jobs/resume.py) dropped it
+        if self.last is not None and self.last[0] >= trainer.global_step - 1:
+            self._emit(trainer, *self.last)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         rb = step_rollout(outputs)
@@ -44,13 +54,25 @@ class RouteConfusionLogger(pl.Callback):
             f"steps up to {step}, {len(self.labels)} rollouts: "
             f"route_acc_answer {_fmt(acc_answer)}, route_acc_family {_fmt(acc_family)}\n\n"
         )
-        for logger in trainer.loggers:
-            if isinstance(logger, TensorBoardLogger):
-                # at the logger step of the last step it covers (that step's scalars sit there), so
-                # a resume, which rewrites the events from its own first step on, keeps it
-                logger.experiment.add_text(TAG, header + text, global_step=step - 1)
+        # at the logger step of the last step it covers, where that step's scalars are
+        self.last = (step - 1, header + text)
+        self._emit(trainer, *self.last)
         log.info("route confusion (weak label x route) %s\n%s", header.strip(), text)
         self.labels, self.routes = [], []
+
+    def _emit(self, trainer, logger_step: int, text: str) -> None:
+        if not trainer.is_global_zero:
+            return
+        for logger in trainer.loggers:
+            if isinstance(logger, TensorBoardLogger):
+                logger.experiment.add_text(TAG, text, global_step=logger_step)
+
+    def state_dict(self) -> dict:
+        return {"labels": list(self.labels), "routes": list(self.routes), "last": self.last}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.labels, self.routes = list(state_dict["labels"]), list(state_dict["routes"])
+        self.last = None if state_dict["last"] is None else tuple(state_dict["last"])
 
 
 def _fmt(accuracy: float | None) -> str:
