@@ -58,7 +58,7 @@ class _Exploding:
     def load_policy_state(self, state_dict):
         pass
 
-    def collect(self, records, step, lam, generator):
+    def collect(self, request):
         return {}["no such key"]
 
 
