@@ -16,9 +16,6 @@ import hashlib
 import json
 import logging
 import math
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -126,14 +123,11 @@ def _records(cfg: DictConfig, tokenizer) -> list[dict[str, Any]]:
 
 def _save_atomically(model, tokenizer, out_dir: Path) -> None:
     """Write the model + tokenizer to ``out_dir`` via a temp dir and one rename (no half-written cache)."""
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=".sft-"))
-    try:
+    from src.atomic_files import atomic_dir
+
+    with atomic_dir(out_dir) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        os.replace(tmp, out_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def train_on_examples(
@@ -215,6 +209,13 @@ def _warm_start_dir(cfg: DictConfig, kind: str, key: dict[str, Any]) -> Path:
     return Path(cfg.cache_dir) / "warm_start" / f"{kind}-{digest}"
 
 
+def _cached(out: Path) -> bool:
+    """A complete cached warm start at ``out`` (a broken one is removed, to be rebuilt)."""
+    from src.atomic_files import discard_if_broken, hf_model_dir_intact
+
+    return discard_if_broken(out, hf_model_dir_intact)
+
+
 def ensure_sft_warm_start(cfg: DictConfig, base: Path) -> Path:
     """The cached SFT warm start of ``base`` for this data and SFT config (built on first use)."""
     out = _warm_start_dir(
@@ -227,7 +228,7 @@ def ensure_sft_warm_start(cfg: DictConfig, base: Path) -> Path:
             "seed": cfg.seed,
         },
     )
-    if (out / "config.json").exists():
+    if _cached(out):
         return out
     log.info("building the SFT warm start at %s (cached for later runs)", out)
     fit_sft(cfg, base, out)
@@ -300,7 +301,7 @@ def ensure_episode_warm_start(cfg: DictConfig, base: Path) -> Path:
             "agent": hashlib.sha1(agent_src.encode()).hexdigest(),
         },
     )
-    if (out / "config.json").exists():
+    if _cached(out):
         return out
     log.info("building the RLVCR step-format warm start at %s (cached for later runs)", out)
     fit_episode_sft(cfg, base, out)
