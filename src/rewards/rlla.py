@@ -168,6 +168,17 @@ def parse_tool_block(text: str) -> list[Any]:
     return [json.loads(line) for line in block.split("\n")]
 
 
+def ground_truth_ok(ground_truth: str) -> bool:
+    """Whether a ground truth can score a response: a tool-call block (if any) of JSON objects."""
+    if "<tool_call>" not in ground_truth:
+        return True
+    try:
+        calls = parse_tool_block(ground_truth)
+    except (ValueError, RecursionError):
+        return False
+    return all(isinstance(c, dict) for c in calls)
+
+
 # The layouts ToolRL's regexes describe, as the literals between their lazy ``.*?`` gaps:
 # (ground truth has <response>, ground truth has <tool_call>) -> literals. See layout.py.
 _FORMAT_LAYOUTS = {
