@@ -17,9 +17,7 @@ from pathlib import Path
 
 import pytest
 
-SYNTH = dict(
-    n_train=12, n_test=4, seed=0, p_search=0.35, p_calculate=0.35, p_answer=0.3, data_source="rlla"
-)
+SYNTH = dict(n_train=12, n_test=4, seed=0, p_search=0.35, p_calculate=0.35, p_answer=0.3, data_source="rlla")
 
 
 def _spec():
@@ -72,8 +70,10 @@ class _KillAt:
     def audit(self, name: str, args) -> None:
         if name == "open" and isinstance(args[0], (str, os.PathLike)):
             mode, flags = args[1], args[2]
-            writing = ("w" in mode or "a" in mode or "x" in mode or "+" in mode) if mode else bool(
-                flags & (os.O_WRONLY | os.O_RDWR)
+            writing = (
+                ("w" in mode or "a" in mode or "x" in mode or "+" in mode)
+                if mode
+                else bool(flags & (os.O_WRONLY | os.O_RDWR))
             )
             if writing and os.fspath(args[0]).startswith(self.root):
                 self.event()

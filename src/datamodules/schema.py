@@ -168,7 +168,9 @@ def parse_rlla_row(row: Mapping[str, Any], row_index: int, path: str | Path | No
 
     problem = row_problem(data_source, ground_truth)
     if problem is not None:
-        raise bad(problem, f"data_source={data_source!r}: {problem.replace('_', ' ')}: {ground_truth[:120]!r}")
+        raise bad(
+            problem, f"data_source={data_source!r}: {problem.replace('_', ' ')}: {ground_truth[:120]!r}"
+        )
 
     extra_info = _plain(row.get("extra_info"))
     uid = extra_info.get("index") if isinstance(extra_info, Mapping) else None

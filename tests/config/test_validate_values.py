@@ -93,7 +93,12 @@ def test_env_values_named(override, key):
 def test_all_zero_synthetic_proportions_named():
     found = problems_of(
         compose_job(
-            ["experiment=grpo", "data.synthetic.p_search=0", "data.synthetic.p_calculate=0", "data.synthetic.p_answer=0"]
+            [
+                "experiment=grpo",
+                "data.synthetic.p_search=0",
+                "data.synthetic.p_calculate=0",
+                "data.synthetic.p_answer=0",
+            ]
         )
     )
     assert any("data.synthetic.p_search" in p and "all zero" in p for p in found), found
@@ -116,12 +121,18 @@ def test_model_config_not_json_named(tmp_path):
     [
         ("router_grpo", "router.lambda_init=inf", "router.lambda_init"),
         ("mlgym_grpo", "env.memory_mb=0", "env.memory_mb"),
-        ("grpo", "data.synthetic.p_search=0 data.synthetic.p_calculate=0 data.synthetic.p_answer=0", "all zero"),
+        (
+            "grpo",
+            "data.synthetic.p_search=0 data.synthetic.p_calculate=0 data.synthetic.p_answer=0",
+            "all zero",
+        ),
     ],
 )
 def test_entry_point_stops_before_writing(tmp_path, experiment, override, key):
     run_dir = tmp_path / "run"
-    cmd = train_cmd(f"experiment={experiment}", *override.split(), f"run_dir={run_dir}", "trainer.max_steps=1")
+    cmd = train_cmd(
+        f"experiment={experiment}", *override.split(), f"run_dir={run_dir}", "trainer.max_steps=1"
+    )
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert key in proc.stdout + proc.stderr

@@ -252,7 +252,10 @@ def test_unscorable_rows_counted_per_reason_and_skipped(tokenizer, tmp_path, cap
     df = generate_rlla_rows(8, seed=2, p_search=1.0, p_calculate=0.0, p_answer=0.0)
     df.at[1, "data_source"] = "toolbench"
     df.at[4, "data_source"] = "nope"
-    df.at[6, "reward_model"] = {"ground_truth": "<think>x</think>\n<tool_call>\n{oops\n</tool_call>", "style": "rule"}
+    df.at[6, "reward_model"] = {
+        "ground_truth": "<think>x</think>\n<tool_call>\n{oops\n</tool_call>",
+        "style": "rule",
+    }
     path = write_rlla_parquet(df, tmp_path / "mixed.parquet")
     with caplog.at_level(logging.WARNING):
         dm = _dm(tokenizer, [path])
