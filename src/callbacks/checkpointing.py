@@ -191,7 +191,7 @@ class InterruptCheckpoint(Checkpoint):
     (unless the periodic checkpoint just did), point the manifest at it and stop the trainer.
 
     ``stopped_by`` is then the signal number (the job exits 128 + it). A second SIGINT stops at
-    once without saving (Lightning's KeyboardInterrupt path; the last checkpoint stays valid).
+    once without saving (exit 130; the last checkpoint stays valid).
     Exceptions write nothing: see the module docstring. Being a ``Checkpoint``, Lightning runs it
     after every other callback's ``on_train_batch_end`` (λ update, rollout log, periodic save).
     """
@@ -207,7 +207,9 @@ class InterruptCheckpoint(Checkpoint):
 
     def _on_signal(self, signum: int, frame) -> None:
         if self._received is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt  # asked twice: stop now, resume from the last checkpoint
+            # asked twice: stop now, resume from the last checkpoint. Not KeyboardInterrupt:
+            # Lightning turns that into exit 1; a scheduler must see 130.
+            raise Preempted(signal.SIGINT)
         self._received = signum
         log.warning(
             "%s received: finishing this step, then saving a checkpoint and stopping (Ctrl-C again: stop now)",

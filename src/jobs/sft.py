@@ -16,6 +16,7 @@ import hashlib
 import json
 import logging
 import math
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,9 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
 
+from src.callbacks.checkpointing import Preempted
 from src.callbacks.progress import StepLogProgress, StepProgressBar
+from src.callbacks.signal_stop import StopOnSignal
 
 log = logging.getLogger(__name__)
 
@@ -156,11 +159,24 @@ def train_on_examples(
         log_every_n_steps=10,
         gradient_clip_val=1.0,
         default_root_dir=str(cfg.run_dir),
-        callbacks=[StepProgressBar(), StepLogProgress("SFT", "train/sft_loss", every=s.get("log_every", 25))],
+        callbacks=[
+            StepProgressBar(),
+            StepLogProgress("SFT", "train/sft_loss", every=s.get("log_every", 25)),
+            stopper := StopOnSignal("SFT"),
+        ],
     )
     log.info("SFT: %d examples, %d steps of batch %d", len(examples), s.max_steps, s.batch_size)
     module = SFTModule(model, lr=s.lr, decay_steps=s.max_steps if s.get("lr_decay", False) else None)
     trainer.fit(module, train_dataloaders=loader)
+    if stopper.stopped_by is not None and trainer.global_step < s.max_steps:
+        log.warning(
+            "SFT stopped by %s after step %d of %d: nothing saved%s; the next run trains it again",
+            signal.Signals(stopper.stopped_by).name,
+            trainer.global_step,
+            s.max_steps,
+            f" (no half-trained model at {out_dir})" if out_dir is not None else "",
+        )
+        raise Preempted(stopper.stopped_by)
     if out_dir is not None:
         _save_atomically(model, tokenizer, out_dir)
     metrics = {k: float(v) for k, v in trainer.logged_metrics.items()}
