@@ -35,7 +35,12 @@ CONFINEMENTS = ("auto", "bwrap", "unshare")
 
 def value_problems(cfg: DictConfig) -> list[str]:
     """Every problem found by the checks of this module."""
-    return non_finite(cfg) + env_limits(cfg) + synthetic_proportions(cfg) + model_config(cfg)
+    return non_finite(cfg) + env_limits(cfg) + synthetic_proportions(cfg) + model_config(cfg) + threads(cfg)
+
+
+def threads(cfg: DictConfig) -> list[str]:
+    t = cfg.trainer.get("threads")
+    return [] if t is None else positive({"trainer.threads": t})
 
 
 def _schema_default(node: Any, key: Any) -> Any:

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import secrets
 import shutil
 import tempfile
 import weakref
@@ -39,8 +38,14 @@ from typing import Any
 
 import src.envs.games as games  # noqa: PLR0402 - the import-graph test reads `from src.envs import` as importing the package
 from src.envs.base import EXIT_AUTOSUBMITTED, EXIT_EVALUATION_ERROR, EXIT_FORFEIT, EXIT_SUBMITTED
-from src.envs.game_scoring import ScoreRejected, checked_score, parse_runner_result, replay_score
-from src.envs.sandbox import SandboxConfig, resolve_backend, run_command, run_process, sandbox_python
+from src.envs.game_scoring import (
+    ScoreRejected,
+    StrategyFailed,
+    checked_score,
+    partner_streams,
+    score_interactively,
+)
+from src.envs.sandbox import SandboxConfig, resolve_backend, run_command, run_session, sandbox_python
 from src.envs.sandbox_backends import CHOICES as CONFINEMENT_CHOICES
 from src.envs.sandbox_output import truncate_middle
 
@@ -229,9 +234,10 @@ class LocalGameEnv:
         return text
 
     def _evaluate(self) -> tuple[float | None, str]:
-        """Play strategy.py in the sandbox, score its moves here; returns (score, "") or (None, error)."""
-        nonce = secrets.token_hex(8)
-        argv = [sandbox_python(), "-I", "-B", _RUNNER_IN_SANDBOX, "--game", self.game.name]
+        """Play strategy.py in the sandbox against the partner drawn here; returns (score, "") or
+        (None, error). The partner's random stream (``partner_seed``) never enters the sandbox, and
+        each partner move is drawn only after the strategy committed its move for that round."""
+        argv = [sandbox_python(), "-I", "-B", _RUNNER_IN_SANDBOX, "--game", self.game.name, "--interactive"]
         argv += [
             "--strategy",
             str(self.workspace.resolve() / STRATEGY_FILE),
@@ -239,33 +245,33 @@ class LocalGameEnv:
             str(self.config.rounds),
         ]
         argv += ["--simulations", str(self.config.simulations), "--seed", str(self._seed)]
-        result = run_process(
+        rngs = partner_streams(self._seed, self.config.simulations)
+
+        def talk(recv, send) -> float:
+            return score_interactively(
+                self.game, recv, send, self.config.rounds, self.config.simulations, rngs
+            )
+
+        score, error, timed_out = run_session(
             argv,
             self.workspace,
             self._eval_sandbox,
-            stdin_text=nonce + "\n",
+            talk,
             extra_ro=((_GAMES_SCRIPT, _RUNNER_IN_SANDBOX),),
+            line_limit=self.config.simulations + 4096,
         )
-        if result.timed_out:
+        if timed_out:
             return None, (
                 f"the evaluation was stopped after {self.config.eval_timeout_s:g} s. row_strategy must "
                 "return quickly in every round (look for an endless loop)."
             )
-        try:
-            payload = parse_runner_result(result.output, nonce)
-            if "error" in payload:
-                return None, truncate_middle(str(payload["error"]), 600)
-            score = replay_score(
-                self.game,
-                payload["rows"],
-                payload["cols"],
-                self.config.rounds,
-                self.config.simulations,
-                self._seed,
-            )
-        except ScoreRejected as exc:
-            logger.warning("strategy evaluation rejected (seed %d): %s", self._seed, exc)
-            return None, f"{exc} (exit code {result.exit_code})"
+        if isinstance(error, StrategyFailed):
+            return None, truncate_middle(str(error), 600)
+        if isinstance(error, (ScoreRejected, OSError)):
+            logger.warning("strategy evaluation rejected (seed %d): %s", self._seed, error)
+            return None, f"{error}" if isinstance(error, ScoreRejected) else "the evaluator stopped early"
+        if error is not None:
+            raise error
         return score, ""
 
     def _finish(

@@ -27,16 +27,20 @@ site-packages are readable. If neither tool works, ``resolve_backend`` raises
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 import src.envs.sandbox_backends as backends
 from src.envs.sandbox_mounts import build_plan, sandbox_python
@@ -49,10 +53,12 @@ __all__ = [
     "resolve_backend",
     "run_command",
     "run_process",
+    "run_session",
     "sandbox_python",
     "truncate_middle",
 ]
 
+T = TypeVar("T")
 _BASH = "/bin/bash"
 _UID_BASE, _UID_SPAN = 2_000_000, 1_000_000  # far above real users and the usual subuid ranges
 
@@ -187,6 +193,30 @@ def run_command(command: str, workspace: Path, config: SandboxConfig) -> Sandbox
     return run_process([_BASH, "--noprofile", "--norc", "-c", command], workspace, config)
 
 
+@contextlib.contextmanager
+def _confined_argv(
+    backend: str,
+    argv: list[str],
+    workspace: Path,
+    config: SandboxConfig,
+    extra_ro: tuple[tuple[str, str], ...],
+):
+    """The host command line that runs ``argv`` confined by ``backend`` (yielded; cleaned up after)."""
+    ws = Path(workspace).resolve()
+    identity = identity_for(ws)
+    _hand_over(ws, identity)
+    plan = build_plan(ws, config.tmp_size_mb, extra_ro)
+    inner = backends.inner_argv(identity, config.limits(), str(ws), argv)
+    if backend == "bwrap":
+        yield backends.bwrap_argv(plan, identity, inner)
+        return
+    stage = tempfile.mkdtemp(prefix="sandbox-root-")
+    try:
+        yield backends.unshare_argv(plan, identity, inner, stage)
+    finally:
+        os.rmdir(stage)  # the tmpfs on it lived only in the sandbox's mount namespace
+
+
 def _run_confined(
     backend: str,
     argv: list[str],
@@ -196,17 +226,62 @@ def _run_confined(
     extra_ro: tuple[tuple[str, str], ...],
 ) -> SandboxResult:
     ws = Path(workspace).resolve()
-    identity = identity_for(ws)
-    _hand_over(ws, identity)
-    plan = build_plan(ws, config.tmp_size_mb, extra_ro)
-    inner = backends.inner_argv(identity, config.limits(), str(ws), argv)
-    if backend == "bwrap":
-        return _run(backends.bwrap_argv(plan, identity, inner), ws, config, stdin_text)
-    stage = tempfile.mkdtemp(prefix="sandbox-root-")
-    try:
-        return _run(backends.unshare_argv(plan, identity, inner, stage), ws, config, stdin_text)
-    finally:
-        os.rmdir(stage)  # the tmpfs on it lived only in the sandbox's mount namespace
+    with _confined_argv(backend, argv, ws, config, extra_ro) as host_argv:
+        return _run(host_argv, ws, config, stdin_text)
+
+
+def run_session(
+    argv: list[str],
+    workspace: Path,
+    config: SandboxConfig,
+    talk: Callable[[Callable[[], str], Callable[[str], None]], T],
+    extra_ro: tuple[tuple[str, str], ...] = (),
+    line_limit: int = 1 << 20,
+) -> tuple[T | None, BaseException | None, bool]:
+    """Run ``argv`` confined and converse with it line by line: ``talk(recv, send)`` runs here, in
+    the caller's process, for at most ``config.timeout_s``; then every process of the sandbox is
+    killed. Returns (talk's result, talk's exception, timed out). ``recv`` returns "" at the end."""
+    backend = resolve_backend(config.confinement)
+    ws = Path(workspace).resolve()
+    with _confined_argv(backend, argv, ws, config, extra_ro) as host_argv:
+        proc = subprocess.Popen(
+            host_argv,
+            cwd="/",
+            env=scrubbed_env(ws),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        outcome: dict[str, Any] = {}
+
+        def recv() -> str:
+            return proc.stdout.readline(line_limit).decode("utf-8", errors="replace").strip()
+
+        def send(line: str) -> None:
+            proc.stdin.write((line + "\n").encode())
+            proc.stdin.flush()
+
+        def converse() -> None:
+            try:
+                outcome["value"] = talk(recv, send)
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                outcome["error"] = exc
+
+        worker = threading.Thread(target=converse, daemon=True)
+        worker.start()
+        worker.join(timeout=config.timeout_s)
+        timed_out = worker.is_alive()
+        _kill_group(proc.pid)
+        proc.wait()
+        _wait_group_gone(proc.pid)
+        for pipe in (proc.stdin, proc.stdout):
+            try:
+                pipe.close()
+            except OSError:
+                pass
+        worker.join(timeout=2.0)
+    return outcome.get("value"), outcome.get("error"), timed_out
 
 
 def _hand_over(ws: Path, identity: backends.SandboxIdentity) -> None:

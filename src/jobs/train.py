@@ -42,6 +42,8 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
     ``cfg`` is validated first (``ConfigError`` naming every bad key), before anything is built.
     """
     validate(cfg)
+    if cfg.trainer.get("threads") is not None:  # before any work: reductions split by thread count
+        torch.set_num_threads(int(cfg.trainer.threads))
     pl.seed_everything(cfg.seed, workers=True)
     torch.set_float32_matmul_precision("high")
     if cfg.task == "sft":
