@@ -120,8 +120,17 @@ def prepare_run_dir(run_dir: str | Path, resume: bool) -> ResumePoint | None:
 
 
 def already_finished(point: ResumePoint | None, max_steps: int) -> bool:
-    """Whether the checkpoint to resume from already reached ``trainer.max_steps``."""
-    return point is not None and point.checkpoint is not None and 0 < max_steps <= point.global_step
+    """Whether the checkpoint to resume from already reached ``trainer.max_steps`` (logged when so)."""
+    done = point is not None and point.checkpoint is not None and 0 < max_steps <= point.global_step
+    if done:
+        log.warning(
+            "%s already reached step %d (trainer.max_steps=%d): the run is finished, nothing to resume; "
+            "nothing was changed (raise trainer.max_steps to train on)",
+            point.checkpoint,
+            point.global_step,
+            max_steps,
+        )
+    return done
 
 
 def cut_logs_back(run_dir: str | Path, point: ResumePoint) -> None:

@@ -51,14 +51,7 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
 
         return run_sft(cfg)
     point = prepare_run_dir(cfg.run_dir, bool(cfg.resume))
-    if already_finished(point, int(cfg.trainer.max_steps)):
-        log.warning(
-            "%s already reached step %d (trainer.max_steps=%d): the run is finished, nothing to resume; "
-            "nothing was changed (raise trainer.max_steps to train on)",
-            point.checkpoint,
-            point.global_step,
-            cfg.trainer.max_steps,
-        )
+    if already_finished(point, int(cfg.trainer.max_steps)):  # says so; nothing is changed
         return {}, {"finished": point}
     path = model_dir(cfg)
     tokenizer = load_tokenizer(path)
