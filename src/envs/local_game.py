@@ -29,13 +29,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import shutil
 import tempfile
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import src.envs.workspace_cap as workspace_cap
 import src.envs.games as games  # noqa: PLR0402 - the import-graph test reads `from src.envs import` as importing the package
 from src.envs.base import EXIT_AUTOSUBMITTED, EXIT_EVALUATION_ERROR, EXIT_FORFEIT, EXIT_SUBMITTED
 from src.envs.game_scoring import (
@@ -72,6 +72,7 @@ class LocalGameConfig:
     memory_mb: int = 4096
     file_size_mb: int = 64
     max_processes: int = 64
+    workspace_mb: int = 256  # cap on the workspace's total bytes; reaching it ends the episode, scored 0
     workspace_root: str | None = None  # parent dir for the per-episode temp workspaces; None = system temp
     confinement: str = "auto"  # auto | bwrap | unshare: the tool that confines commands (never none)
 
@@ -81,7 +82,7 @@ class LocalGameConfig:
             raise ValueError(
                 f"LocalGameConfig.confinement must be one of {list(CONFINEMENT_CHOICES)}, got {self.confinement!r}"
             )
-        for name in ("rounds", "simulations", "max_steps"):
+        for name in ("rounds", "simulations", "max_steps", "workspace_mb"):
             if getattr(self, name) < 1:
                 raise ValueError(f"LocalGameConfig.{name} must be >= 1, got {getattr(self, name)}")
 
@@ -147,7 +148,8 @@ class LocalGameEnv:
             raise TypeError(f"reset(seed) needs an int seed, got {seed!r}")
         self._remove_workspace()
         self.workspace = Path(tempfile.mkdtemp(prefix=f"{self.game.name}_", dir=self.config.workspace_root))
-        self._cleanup = weakref.finalize(self, shutil.rmtree, str(self.workspace), True)
+        mounted = workspace_cap.make_capped(self.workspace, self.config.workspace_mb)
+        self._cleanup = weakref.finalize(self, workspace_cap.remove, str(self.workspace), mounted)
         (self.workspace / STRATEGY_FILE).write_text(self.game.starter_source)
         starter = self.workspace / STARTER_FILE
         starter.write_text(self.game.starter_source)
@@ -209,6 +211,10 @@ class LocalGameEnv:
         else:
             body = self._run_shell(command, info)
 
+        if workspace_cap.over_cap(self.workspace, self.config.workspace_mb):
+            info["workspace_full"] = True
+            error = f"the workspace reached its cap of {self.config.workspace_mb} MB; the episode was stopped"
+            return self._finish(body, None, error, info, status=EXIT_EVALUATION_ERROR)
         if self._steps >= self.config.max_steps:
             score, error = self._evaluate()
             note = f"{body}\nStep limit ({self.config.max_steps}) reached: {STRATEGY_FILE} was submitted."
