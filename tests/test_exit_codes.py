@@ -105,6 +105,7 @@ def test_startup_phase_sigterm(tmp_path):
     assert job.signal(signal.SIGTERM) == 143, job.out[-4000:]
 
 
+@pytest.mark.slow
 def test_rl_phase_ctrl_c_twice(tmp_path):
     run_dir = tmp_path / "run"
     job = _Job(
