@@ -4,6 +4,7 @@ A bad config exits non-zero before anything is built: unknown keys and wrong typ
 composes it (the schemas in src/config/), ranges and cross-group problems in ``validate``."""
 
 import logging
+import signal
 import sys
 from pathlib import Path
 
@@ -20,8 +21,23 @@ CONFIG_ERROR_EXIT = 2
 register_configs()
 
 
+def _exit_now(signum: int, frame) -> None:
+    logging.getLogger("toolrouter").warning("%s received: stopping", signal.Signals(signum).name)
+    raise SystemExit(128 + signum)
+
+
+def exit_on_signals() -> None:
+    """SIGINT / SIGTERM before the trainer's own handlers take over (while the config, model, data
+    or a warm start are prepared) end the job with 128 + signal at once: cached artefacts are
+    written atomically, so nothing half-written is left. Lightning composes this SIGTERM handler
+    into its own, and the fit's callbacks replace both at the first step."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _exit_now)
+
+
 @hydra.main(version_base="1.3", config_path="../configs", config_name="train")
 def main(cfg: DictConfig) -> None:
+    exit_on_signals()  # SIGINT / SIGTERM before the trainer's handlers: exit 130 / 143, never 1 or 0
     try:
         validate_job(cfg)  # before the model and data are loaded: a bad config fails in seconds
     except ConfigError as err:

@@ -82,6 +82,30 @@ def package_versions() -> dict[str, str]:
     return versions
 
 
+def relative_to_run_dir(path: str | os.PathLike, run_dir: Path) -> str:
+    """``path`` relative to ``run_dir`` when inside it (else absolute), POSIX separators."""
+    path, run_dir = Path(path).resolve(), run_dir.resolve()
+    try:
+        return path.relative_to(run_dir).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def manifest_checkpoint(checkpoint_dir: Path, named: str) -> Path:
+    """The manifest's ``latest_checkpoint`` as a path: relative ones are under the run directory.
+
+    An absolute path from an older manifest that is not in this run's checkpoint folder (the run
+    directory was copied or moved) is read as the file of that name in this folder.
+    """
+    path = Path(named)
+    if not path.is_absolute():
+        return checkpoint_dir.parent / path
+    if path.parent.resolve() != checkpoint_dir.resolve() and (checkpoint_dir / path.name).exists():
+        log.warning("manifest names %s outside this run; using %s", path, checkpoint_dir / path.name)
+        return checkpoint_dir / path.name
+    return path
+
+
 class ManifestWriter:
     """Writes ``manifest.yaml``: resolved config, commit, versions, step, λ, latest checkpoint, resume command."""
 
@@ -99,7 +123,8 @@ class ManifestWriter:
         module = trainer.lightning_module
         lam = getattr(module, "lagrange_lambda", None)
         manifest = {
-            "latest_checkpoint": str(Path(ckpt_path).resolve()),
+            # relative to the run directory, so a copied or moved run resumes from its own files
+            "latest_checkpoint": relative_to_run_dir(ckpt_path, self.path.parent.parent),
             "reason": reason,
             "global_step": int(trainer.global_step),
             "lambda": float(lam) if lam is not None else None,
@@ -125,6 +150,9 @@ class ManifestCheckpoint(ModelCheckpoint):
     """
 
     def __init__(self, manifest: ManifestWriter, **kwargs):
+        # A kill between a checkpoint file and its manifest entry leaves the file; the resumed run
+        # saving that step again must replace it (atomically), not add ``step_...-v1.ckpt``.
+        kwargs.setdefault("enable_version_counter", False)
         super().__init__(**kwargs)
         self.manifest = manifest
 
@@ -163,7 +191,7 @@ class InterruptCheckpoint(Checkpoint):
     (unless the periodic checkpoint just did), point the manifest at it and stop the trainer.
 
     ``stopped_by`` is then the signal number (the job exits 128 + it). A second SIGINT stops at
-    once without saving (Lightning's KeyboardInterrupt path; the last checkpoint stays valid).
+    once without saving (exit 130; the last checkpoint stays valid).
     Exceptions write nothing: see the module docstring. Being a ``Checkpoint``, Lightning runs it
     after every other callback's ``on_train_batch_end`` (λ update, rollout log, periodic save).
     """
@@ -179,7 +207,9 @@ class InterruptCheckpoint(Checkpoint):
 
     def _on_signal(self, signum: int, frame) -> None:
         if self._received is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt  # asked twice: stop now, resume from the last checkpoint
+            # asked twice: stop now, resume from the last checkpoint. Not KeyboardInterrupt:
+            # Lightning turns that into exit 1; a scheduler must see 130.
+            raise Preempted(signal.SIGINT)
         self._received = signum
         log.warning(
             "%s received: finishing this step, then saving a checkpoint and stopping (Ctrl-C again: stop now)",
@@ -231,7 +261,9 @@ def latest_checkpoint(checkpoint_dir: str | os.PathLike) -> Path | None:
     checkpoint_dir = Path(checkpoint_dir)
     manifest = checkpoint_dir / "manifest.yaml"
     if manifest.exists():
-        path = Path(yaml.safe_load(manifest.read_text()).get("latest_checkpoint", ""))
+        path = manifest_checkpoint(
+            checkpoint_dir, yaml.safe_load(manifest.read_text()).get("latest_checkpoint", "")
+        )
         if path.is_file():
             return path
         log.warning("manifest names %s, which is missing; using the newest checkpoint instead", path)

@@ -123,6 +123,9 @@ class TrainerConfig:
     log_every_n_steps: int = 1
     val_check_interval: Optional[int] = None  # validate every N steps (with limit_val_batches > 0)
     limit_val_batches: int = 0
+    # CPU threads per process (torch.set_num_threads at start). 1: bit-reproducible runs and exact
+    # resume (at 2+ threads two runs of one command differ in the last bits); null: torch's default
+    threads: Optional[int] = 1
 
 
 @dataclass

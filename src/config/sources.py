@@ -81,6 +81,7 @@ class LocalGameEnvConfig(EpisodeEnvConfig):
     memory_mb: int = 4096
     file_size_mb: int = 64
     max_processes: int = 64
+    workspace_mb: int = 256  # cap on an episode workspace's total bytes (reaching it: episode failed)
     workspace_root: Optional[str] = None
     confinement: str = "auto"  # auto | bwrap | unshare: the tool that confines agent commands
 

@@ -17,6 +17,7 @@ from omegaconf import DictConfig
 from src.config.checks import file_list, in_range, one_of, positive, unknown_keys
 from src.config.errors import ConfigError
 from src.config.validate_async import curriculum_problems, replay_problems
+from src.config.validate_values import value_problems
 
 
 def validate(cfg: DictConfig) -> None:
@@ -36,6 +37,7 @@ def validate(cfg: DictConfig) -> None:
         _lengths,
         replay_problems,
         curriculum_problems,
+        value_problems,
     ):
         problems += check(cfg)
     if problems:
@@ -223,7 +225,10 @@ def max_positions(cfg: DictConfig) -> tuple[int | None, str]:
     config_json = Path(m.path) / "config.json"
     if not config_json.is_file():
         return None, str(config_json)
-    value = json.loads(config_json.read_text()).get("max_position_embeddings")
+    try:
+        value = json.loads(config_json.read_text()).get("max_position_embeddings")
+    except (ValueError, AttributeError):  # not a JSON object: named by validate_values.model_config
+        return None, str(config_json)
     return (int(value) if value is not None else None), f"{config_json} max_position_embeddings"
 
 

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from src.atomic_files import atomic_file, discard_if_broken, parquet_intact
 from src.config.checks import file_list
 
 log = logging.getLogger(__name__)
@@ -24,7 +25,8 @@ def _synthetic_files(synthetic: Mapping[str, Any], cache_dir: str) -> tuple[list
     low_gain = float(s.get("low_gain", 0.0))
     out = Path(cache_dir) / "data" / (name + (f"-g{low_gain}" if low_gain else ""))
     train, test = out / "train.parquet", out / "test.parquet"
-    if not (train.exists() and test.exists()):
+    intact = [discard_if_broken(f, parquet_intact) for f in (train, test)]
+    if not all(intact):
         write_synthetic_rlla(out, **s)
     return [str(train)], [str(test)]
 
@@ -32,6 +34,8 @@ def _synthetic_files(synthetic: Mapping[str, Any], cache_dir: str) -> tuple[list
 def _to_harmony(files: list[str], cache_dir: str) -> list[str]:
     """Convert XML RLLA parquet files to harmony copies under the cache (once, written atomically)."""
     import pandas as pd
+    import pyarrow as pa
+    import pyarrow.parquet as pq
 
     from src.datamodules.gpt_oss import convert_frame
 
@@ -44,13 +48,11 @@ def _to_harmony(files: list[str], cache_dir: str) -> list[str]:
             / "harmony"
             / f"{src.parent.name}-{src.stem}-{int(src.stat().st_mtime)}.parquet"
         )
-        if not target.exists():
-            target.parent.mkdir(parents=True, exist_ok=True)
+        if not discard_if_broken(target, parquet_intact):
             df, stats = convert_frame(pd.read_parquet(src))
             log.info("converted %s to harmony: %s", src, stats)
-            tmp = target.with_suffix(".tmp")
-            df.to_parquet(tmp, index=False)
-            tmp.replace(target)
+            with atomic_file(target) as tmp:
+                pq.write_table(pa.Table.from_pandas(df, preserve_index=False), tmp)
         out.append(str(target))
     return out
 

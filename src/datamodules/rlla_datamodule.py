@@ -120,6 +120,10 @@ class RLLADataModule(L.LightningDataModule):
         read, dropped = 0, Counter()
         for path in files:
             rows, skipped = read_rlla_parquet(path)
+            if skipped and not rows:
+                raise ValueError(
+                    f"{path}: none of its {sum(skipped.values())} rows is usable: {dict(skipped)}"
+                )
             read += len(rows) + sum(skipped.values())
             dropped.update(skipped)
             n_long = 0

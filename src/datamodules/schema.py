@@ -25,6 +25,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from src.rewards.dispatch import row_problem
+
 __all__ = [
     "RLLA_ARROW_SCHEMA",
     "REQUIRED_COLUMNS",
@@ -163,6 +165,12 @@ def parse_rlla_row(row: Mapping[str, Any], row_index: int, path: str | Path | No
     ground_truth = reward_model.get("ground_truth") if isinstance(reward_model, Mapping) else None
     if not isinstance(ground_truth, str) or not ground_truth.strip():
         raise bad("missing_ground_truth", "reward_model.ground_truth must be a non-empty string")
+
+    problem = row_problem(data_source, ground_truth)
+    if problem is not None:
+        raise bad(
+            problem, f"data_source={data_source!r}: {problem.replace('_', ' ')}: {ground_truth[:120]!r}"
+        )
 
     extra_info = _plain(row.get("extra_info"))
     uid = extra_info.get("index") if isinstance(extra_info, Mapping) else None

@@ -521,10 +521,12 @@ def generate_rlla_rows(
 
 
 def write_rlla_parquet(df: pd.DataFrame, path: str | Path) -> Path:
-    """Write ``df`` with exactly ToolRL's arrow schema."""
+    """Write ``df`` with exactly ToolRL's arrow schema (atomically: temp name + rename)."""
+    from src.atomic_files import atomic_file
+
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.Table.from_pandas(df, schema=RLLA_ARROW_SCHEMA, preserve_index=False), path)
+    with atomic_file(path) as tmp:
+        pq.write_table(pa.Table.from_pandas(df, schema=RLLA_ARROW_SCHEMA, preserve_index=False), tmp)
     return path
 
 

@@ -16,6 +16,7 @@ Any violation raises ``ScoreRejected`` with a message the agent can read; it nev
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import random
@@ -99,3 +100,71 @@ def checked_score(score: float, game: GameSpec) -> float:
     if not low - 1e-9 <= score <= high + 1e-9:
         raise ScoreRejected(f"score {score!r} is outside the game's payoff range [{low}, {high}]")
     return float(score)
+
+
+class StrategyFailed(ValueError):
+    """The agent's strategy failed (did not load, raised, returned a bad move): the message says why."""
+
+
+def partner_seed(episode_seed: int) -> int:
+    """The partner's seed for an episode: derived here from the episode seed and a key that is
+    neither in the sandbox nor in any observation, so the agent cannot replay the partner."""
+    digest = hashlib.sha256(_PARTNER_KEY + str(int(episode_seed)).encode()).digest()
+    return int.from_bytes(digest[:8], "big")
+
+
+_PARTNER_KEY = b"toolrouter/partner-stream/v1:"
+
+
+def partner_streams(episode_seed: int, simulations: int) -> list[random.Random]:
+    """One partner random stream per game, all derived from ``partner_seed(episode_seed)``."""
+    base = partner_seed(episode_seed)
+    return [random.Random(base * 1_000_003 + g) for g in range(simulations)]
+
+
+def score_interactively(
+    game: GameSpec, recv, send, rounds: int, simulations: int, rngs: list[random.Random]
+) -> float:
+    """Play ``simulations`` games of ``rounds`` rounds side by side against the sandboxed strategy
+    (see ``games.play_against_scorer``): each round, read the row moves of all games, then draw
+    the partner's moves here (game ``g`` from ``rngs[g]``) and send them. Returns the row player's
+    mean payoff per round over all games.
+
+    Raises ``StrategyFailed`` with the strategy's error, ``ScoreRejected`` on anything malformed.
+    """
+    _expect_ready(recv())
+    histories: list[list[tuple[int, int]]] = [[] for _ in range(simulations)]
+    for r in range(rounds):
+        line = recv()
+        if line.startswith("E "):
+            raise StrategyFailed(_error_text(line))
+        if len(line) != simulations or not set(line) <= _MOVES:
+            raise ScoreRejected(
+                f"the evaluator sent {line[:40]!r} (length {len(line)}) in round {r + 1}; "
+                f"expected {simulations} moves 0/1"
+            )
+        cols = [game.opponent(h, rng) for h, rng in zip(histories, rngs)]
+        send("".join(map(str, cols)))
+        for h, row, col in zip(histories, line, cols):
+            h.append((int(row), col))
+    total = sum(sum(game.payoffs[row][col][0] for row, col in h) / rounds for h in histories)
+    return checked_score(total / simulations, game)
+
+
+def _expect_ready(line: str) -> None:
+    if line.startswith("E "):
+        raise StrategyFailed(_error_text(line))
+    if line != "R":
+        raise ScoreRejected(
+            "the evaluator stopped before playing" if not line else f"unexpected {line[:40]!r}"
+        )
+
+
+def _error_text(line: str) -> str:
+    try:
+        text = json.loads(line[2:])
+    except (ValueError, RecursionError):
+        raise ScoreRejected("the evaluator's error report is not valid JSON") from None
+    if not isinstance(text, str):
+        raise ScoreRejected("the evaluator's error report is not a message")
+    return text

@@ -344,6 +344,44 @@ def _silence_agent_output() -> int:
     return result_fd
 
 
+def play_against_scorer(strategy_path: str, rounds: int, simulations: int, seed: int, inp, out) -> None:
+    """The sandbox side of a scored evaluation: this process never holds the partner's random stream.
+
+    The ``simulations`` games are played side by side, round by round. Protocol (one line each):
+    this side sends ``R`` (strategy loaded) or ``E <json error>``; then, every round, the row moves
+    of all games (``simulations`` characters 0/1) or ``E <json error>``, and reads back the
+    partner's moves, which the scorer draws only after the row moves are committed. ``seed`` seeds
+    only the strategy's own ``random``; the partner's seed never enters this process.
+    """
+
+    def send(line: str) -> None:
+        out.write(line + "\n")
+        out.flush()
+
+    random.seed(seed + 1)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(strategy_path)))
+    try:
+        row_strategy = _load_row_strategy(strategy_path)
+        if "numpy" in sys.modules:
+            sys.modules["numpy"].random.seed(seed + 1)
+    except Exception as exc:  # noqa: BLE001 - the agent's failure is reported, not raised
+        return send("E " + json.dumps(_short_traceback(exc, strategy_path)))
+    send("R")
+    histories: list[list[tuple[int, int]]] = [[] for _ in range(simulations)]
+    for r in range(rounds):
+        try:
+            rows = [_check_move(row_strategy(list(h)), r) for h in histories]
+        except Exception as exc:  # noqa: BLE001
+            return send("E " + json.dumps(_short_traceback(exc, strategy_path)))
+        send("".join(map(str, rows)))
+        cols = inp.readline().strip()
+        if len(cols) != simulations or not set(cols) <= {"0", "1"}:
+            return None  # the scorer stopped (or the strategy read its reply): nothing more to play
+        for h, row, col in zip(histories, rows, cols):
+            h.append((row, int(col)))
+    return None
+
+
 def _main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Play a row_strategy file; reads a nonce from stdin.")
     parser.add_argument("--game", required=True)
@@ -351,7 +389,15 @@ def _main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, required=True)
     parser.add_argument("--simulations", type=int, required=True)
     parser.add_argument("--seed", type=int, required=True)
+    parser.add_argument(
+        "--interactive", action="store_true", help="play against the scorer over stdin/stdout"
+    )
     args = parser.parse_args(argv)
+    if args.interactive:
+        result_fd = _silence_agent_output()
+        with os.fdopen(result_fd, "w", encoding="utf-8") as out:
+            play_against_scorer(args.strategy, args.rounds, args.simulations, args.seed, sys.stdin, out)
+        return 0
     nonce = sys.stdin.readline().strip()
     result_fd = _silence_agent_output()
     result = play_strategy_file(args.game, args.strategy, args.rounds, args.simulations, args.seed)

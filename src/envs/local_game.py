@@ -29,18 +29,23 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import secrets
-import shutil
 import tempfile
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import src.envs.workspace_cap as workspace_cap
 import src.envs.games as games  # noqa: PLR0402 - the import-graph test reads `from src.envs import` as importing the package
 from src.envs.base import EXIT_AUTOSUBMITTED, EXIT_EVALUATION_ERROR, EXIT_FORFEIT, EXIT_SUBMITTED
-from src.envs.game_scoring import ScoreRejected, checked_score, parse_runner_result, replay_score
-from src.envs.sandbox import SandboxConfig, resolve_backend, run_command, run_process, sandbox_python
+from src.envs.game_scoring import (
+    ScoreRejected,
+    StrategyFailed,
+    checked_score,
+    partner_streams,
+    score_interactively,
+)
+from src.envs.sandbox import SandboxConfig, resolve_backend, run_command, run_session, sandbox_python
 from src.envs.sandbox_backends import CHOICES as CONFINEMENT_CHOICES
 from src.envs.sandbox_output import truncate_middle
 
@@ -67,6 +72,7 @@ class LocalGameConfig:
     memory_mb: int = 4096
     file_size_mb: int = 64
     max_processes: int = 64
+    workspace_mb: int = 256  # cap on the workspace's total bytes; reaching it ends the episode, scored 0
     workspace_root: str | None = None  # parent dir for the per-episode temp workspaces; None = system temp
     confinement: str = "auto"  # auto | bwrap | unshare: the tool that confines commands (never none)
 
@@ -76,7 +82,7 @@ class LocalGameConfig:
             raise ValueError(
                 f"LocalGameConfig.confinement must be one of {list(CONFINEMENT_CHOICES)}, got {self.confinement!r}"
             )
-        for name in ("rounds", "simulations", "max_steps"):
+        for name in ("rounds", "simulations", "max_steps", "workspace_mb"):
             if getattr(self, name) < 1:
                 raise ValueError(f"LocalGameConfig.{name} must be >= 1, got {getattr(self, name)}")
 
@@ -142,7 +148,8 @@ class LocalGameEnv:
             raise TypeError(f"reset(seed) needs an int seed, got {seed!r}")
         self._remove_workspace()
         self.workspace = Path(tempfile.mkdtemp(prefix=f"{self.game.name}_", dir=self.config.workspace_root))
-        self._cleanup = weakref.finalize(self, shutil.rmtree, str(self.workspace), True)
+        mounted = workspace_cap.make_capped(self.workspace, self.config.workspace_mb)
+        self._cleanup = weakref.finalize(self, workspace_cap.remove, str(self.workspace), mounted)
         (self.workspace / STRATEGY_FILE).write_text(self.game.starter_source)
         starter = self.workspace / STARTER_FILE
         starter.write_text(self.game.starter_source)
@@ -204,6 +211,10 @@ class LocalGameEnv:
         else:
             body = self._run_shell(command, info)
 
+        if workspace_cap.over_cap(self.workspace, self.config.workspace_mb):
+            info["workspace_full"] = True
+            error = f"the workspace reached its cap of {self.config.workspace_mb} MB; the episode was stopped"
+            return self._finish(body, None, error, info, status=EXIT_EVALUATION_ERROR)
         if self._steps >= self.config.max_steps:
             score, error = self._evaluate()
             note = f"{body}\nStep limit ({self.config.max_steps}) reached: {STRATEGY_FILE} was submitted."
@@ -229,9 +240,10 @@ class LocalGameEnv:
         return text
 
     def _evaluate(self) -> tuple[float | None, str]:
-        """Play strategy.py in the sandbox, score its moves here; returns (score, "") or (None, error)."""
-        nonce = secrets.token_hex(8)
-        argv = [sandbox_python(), "-I", "-B", _RUNNER_IN_SANDBOX, "--game", self.game.name]
+        """Play strategy.py in the sandbox against the partner drawn here; returns (score, "") or
+        (None, error). The partner's random stream (``partner_seed``) never enters the sandbox, and
+        each partner move is drawn only after the strategy committed its move for that round."""
+        argv = [sandbox_python(), "-I", "-B", _RUNNER_IN_SANDBOX, "--game", self.game.name, "--interactive"]
         argv += [
             "--strategy",
             str(self.workspace.resolve() / STRATEGY_FILE),
@@ -239,33 +251,33 @@ class LocalGameEnv:
             str(self.config.rounds),
         ]
         argv += ["--simulations", str(self.config.simulations), "--seed", str(self._seed)]
-        result = run_process(
+        rngs = partner_streams(self._seed, self.config.simulations)
+
+        def talk(recv, send) -> float:
+            return score_interactively(
+                self.game, recv, send, self.config.rounds, self.config.simulations, rngs
+            )
+
+        score, error, timed_out = run_session(
             argv,
             self.workspace,
             self._eval_sandbox,
-            stdin_text=nonce + "\n",
+            talk,
             extra_ro=((_GAMES_SCRIPT, _RUNNER_IN_SANDBOX),),
+            line_limit=self.config.simulations + 4096,
         )
-        if result.timed_out:
+        if timed_out:
             return None, (
                 f"the evaluation was stopped after {self.config.eval_timeout_s:g} s. row_strategy must "
                 "return quickly in every round (look for an endless loop)."
             )
-        try:
-            payload = parse_runner_result(result.output, nonce)
-            if "error" in payload:
-                return None, truncate_middle(str(payload["error"]), 600)
-            score = replay_score(
-                self.game,
-                payload["rows"],
-                payload["cols"],
-                self.config.rounds,
-                self.config.simulations,
-                self._seed,
-            )
-        except ScoreRejected as exc:
-            logger.warning("strategy evaluation rejected (seed %d): %s", self._seed, exc)
-            return None, f"{exc} (exit code {result.exit_code})"
+        if isinstance(error, StrategyFailed):
+            return None, truncate_middle(str(error), 600)
+        if isinstance(error, (ScoreRejected, OSError)):
+            logger.warning("strategy evaluation rejected (seed %d): %s", self._seed, error)
+            return None, f"{error}" if isinstance(error, ScoreRejected) else "the evaluator stopped early"
+        if error is not None:
+            raise error
         return score, ""
 
     def _finish(

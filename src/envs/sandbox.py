@@ -10,8 +10,11 @@ picks one, ``auto`` prefers bwrap; see ``sandbox_backends`` and ``sandbox_mounts
 * no network: a fresh network namespace whose loopback is not the host's.
 * no privileges: as root, the command runs as an unprivileged uid of its own (derived from the
   workspace path), with every capability dropped and ``no_new_privs``.
-* limits per process: processes of that uid (``max_processes``), address space (``memory_mb``),
-  file size (``file_size_mb``), CPU seconds (``cpu_time_s``), no core files.
+* memory: ``memory_mb`` caps the whole process tree: a memory cgroup of its own where the host
+  offers one (``sandbox_cgroup``), else per-process address-space and process caps whose
+  product stays within it.
+* limits per process: processes of that uid (``max_processes``), file size (``file_size_mb``),
+  CPU seconds (``cpu_time_s``), no core files.
 * lifetime: a PID namespace; when the command ends or times out the namespace's init dies and
   the kernel kills every descendant, including ones that called ``setsid``. The runner waits for
   that before returning.
@@ -19,26 +22,32 @@ picks one, ``auto`` prefers bwrap; see ``sandbox_backends`` and ``sandbox_mounts
   drained continuously, and cut to its head and tail (``max_output_chars``).
 
 What it is not: not a defence against kernel exploits (the kernel is shared; no seccomp filter);
-CPU and memory are per-process limits, not a cgroup, so a bounded number of processes can still
-use that many times the limit until the step's timeout; the Python installation's own
+CPU time is a per-process limit, so a bounded number of processes can use that many times it
+until the step's timeout; the Python installation's own
 site-packages are readable. If neither tool works, ``resolve_backend`` raises
 ``SandboxUnavailableError`` at start-up: nothing ever runs unconfined.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 import src.envs.sandbox_backends as backends
+from src.envs.sandbox_cgroup import join as cgroup_join
+from src.envs.sandbox_cgroup import memory_cgroup, split_limits
 from src.envs.sandbox_mounts import build_plan, sandbox_python
 from src.envs.sandbox_output import CappedReader, assemble, truncate_middle
 
@@ -49,10 +58,12 @@ __all__ = [
     "resolve_backend",
     "run_command",
     "run_process",
+    "run_session",
     "sandbox_python",
     "truncate_middle",
 ]
 
+T = TypeVar("T")
 _BASH = "/bin/bash"
 _UID_BASE, _UID_SPAN = 2_000_000, 1_000_000  # far above real users and the usual subuid ranges
 
@@ -90,11 +101,19 @@ class SandboxConfig:
                 f"SandboxConfig.confinement must be one of {list(backends.CHOICES)}, got {self.confinement!r}"
             )
 
-    def limits(self) -> backends.Limits:
+    def limits(self, whole_tree_capped: bool = False) -> backends.Limits:
+        """Per-process kernel limits. ``memory_mb`` is the whole tree's total: with a memory cgroup
+        holding the tree (``whole_tree_capped``) each process may use all of it; without one, the
+        process cap and the per-process cap are split so that their product stays within it."""
         cpu = self.cpu_time_s if self.cpu_time_s is not None else math.ceil(self.timeout_s) + 1
+        processes, per_process_mb = (
+            (self.max_processes, self.memory_mb)
+            if whole_tree_capped
+            else split_limits(self.memory_mb, self.max_processes)
+        )
         return backends.Limits(
-            max_processes=self.max_processes,
-            memory_bytes=self.memory_mb * 1024 * 1024,
+            max_processes=processes,
+            memory_bytes=per_process_mb * 1024 * 1024,
             file_size_bytes=self.file_size_mb * 1024 * 1024,
             cpu_seconds=cpu,
         )
@@ -187,6 +206,33 @@ def run_command(command: str, workspace: Path, config: SandboxConfig) -> Sandbox
     return run_process([_BASH, "--noprofile", "--norc", "-c", command], workspace, config)
 
 
+@contextlib.contextmanager
+def _confined_argv(
+    backend: str,
+    argv: list[str],
+    workspace: Path,
+    config: SandboxConfig,
+    extra_ro: tuple[tuple[str, str], ...],
+):
+    """The host command line that runs ``argv`` confined by ``backend`` (yielded; cleaned up after)."""
+    ws = Path(workspace).resolve()
+    identity = identity_for(ws)
+    _hand_over(ws, identity)
+    plan = build_plan(ws, config.tmp_size_mb, extra_ro)
+    with memory_cgroup(config.memory_mb) as group:
+        inner = backends.inner_argv(
+            identity, config.limits(whole_tree_capped=group is not None), str(ws), argv
+        )
+        if backend == "bwrap":
+            yield backends.bwrap_argv(plan, identity, inner), group
+            return
+        stage = tempfile.mkdtemp(prefix="sandbox-root-")
+        try:
+            yield backends.unshare_argv(plan, identity, inner, stage), group
+        finally:
+            os.rmdir(stage)  # the tmpfs on it lived only in the sandbox's mount namespace
+
+
 def _run_confined(
     backend: str,
     argv: list[str],
@@ -196,17 +242,63 @@ def _run_confined(
     extra_ro: tuple[tuple[str, str], ...],
 ) -> SandboxResult:
     ws = Path(workspace).resolve()
-    identity = identity_for(ws)
-    _hand_over(ws, identity)
-    plan = build_plan(ws, config.tmp_size_mb, extra_ro)
-    inner = backends.inner_argv(identity, config.limits(), str(ws), argv)
-    if backend == "bwrap":
-        return _run(backends.bwrap_argv(plan, identity, inner), ws, config, stdin_text)
-    stage = tempfile.mkdtemp(prefix="sandbox-root-")
-    try:
-        return _run(backends.unshare_argv(plan, identity, inner, stage), ws, config, stdin_text)
-    finally:
-        os.rmdir(stage)  # the tmpfs on it lived only in the sandbox's mount namespace
+    with _confined_argv(backend, argv, ws, config, extra_ro) as (host_argv, group):
+        return _run(host_argv, ws, config, stdin_text, group)
+
+
+def run_session(
+    argv: list[str],
+    workspace: Path,
+    config: SandboxConfig,
+    talk: Callable[[Callable[[], str], Callable[[str], None]], T],
+    extra_ro: tuple[tuple[str, str], ...] = (),
+    line_limit: int = 1 << 20,
+) -> tuple[T | None, BaseException | None, bool]:
+    """Run ``argv`` confined and converse with it line by line: ``talk(recv, send)`` runs here, in
+    the caller's process, for at most ``config.timeout_s``; then every process of the sandbox is
+    killed. Returns (talk's result, talk's exception, timed out). ``recv`` returns "" at the end."""
+    backend = resolve_backend(config.confinement)
+    ws = Path(workspace).resolve()
+    with _confined_argv(backend, argv, ws, config, extra_ro) as (host_argv, group):
+        proc = subprocess.Popen(
+            host_argv,
+            cwd="/",
+            env=scrubbed_env(ws),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=functools.partial(cgroup_join, group),
+        )
+        outcome: dict[str, Any] = {}
+
+        def recv() -> str:
+            return proc.stdout.readline(line_limit).decode("utf-8", errors="replace").strip()
+
+        def send(line: str) -> None:
+            proc.stdin.write((line + "\n").encode())
+            proc.stdin.flush()
+
+        def converse() -> None:
+            try:
+                outcome["value"] = talk(recv, send)
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                outcome["error"] = exc
+
+        worker = threading.Thread(target=converse, daemon=True)
+        worker.start()
+        worker.join(timeout=config.timeout_s)
+        timed_out = worker.is_alive()
+        _kill_group(proc.pid)
+        proc.wait()
+        _wait_group_gone(proc.pid)
+        for pipe in (proc.stdin, proc.stdout):
+            try:
+                pipe.close()
+            except OSError:
+                pass
+        worker.join(timeout=2.0)
+    return outcome.get("value"), outcome.get("error"), timed_out
 
 
 def _hand_over(ws: Path, identity: backends.SandboxIdentity) -> None:
@@ -221,7 +313,9 @@ def _hand_over(ws: Path, identity: backends.SandboxIdentity) -> None:
                 os.lchown(entry.path, identity.uid, identity.gid)
 
 
-def _run(argv: list[str], workspace: Path, config: SandboxConfig, stdin_text: str | None) -> SandboxResult:
+def _run(
+    argv: list[str], workspace: Path, config: SandboxConfig, stdin_text: str | None, group: Path | None
+) -> SandboxResult:
     cap = 4 * config.max_output_chars + 4096  # bytes; generous so multi-byte text survives decoding
     proc = subprocess.Popen(
         argv,
@@ -231,6 +325,7 @@ def _run(argv: list[str], workspace: Path, config: SandboxConfig, stdin_text: st
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         start_new_session=True,  # new session => new process group whose id is proc.pid
+        preexec_fn=functools.partial(cgroup_join, group),  # the whole tree shares one memory cap
     )
     reader = CappedReader(proc.stdout, cap)
     reader.start()

@@ -63,7 +63,14 @@ def load_api_bank(data_dir: str | Path, levels: Sequence[int] = LEVELS, limit: i
         path = _level_file(data_dir, level)
         if not path.is_file():
             raise FileNotFoundError(f"API-Bank level {level}: {path} not found")
-        rows = json.loads(path.read_text(encoding="utf-8"))
+        try:
+            rows = json.loads(path.read_text(encoding="utf-8"))
+        except (ValueError, RecursionError) as err:  # UnicodeDecodeError is a ValueError
+            raise ValueError(f"API-Bank level {level}: {path} is not readable JSON ({err})") from None
+        if not isinstance(rows, list):
+            raise ValueError(
+                f"API-Bank level {level}: {path} holds {type(rows).__name__}, not a list of items"
+            )
         for i, row in enumerate(rows[:limit] if limit > 0 else rows):
             try:
                 expected_call(row["answer"])
@@ -71,7 +78,7 @@ def load_api_bank(data_dir: str | Path, levels: Sequence[int] = LEVELS, limit: i
                     {"role": "system", "content": str(row["system"])},
                     {"role": "user", "content": str(row["user"])},
                 ]
-            except (KeyError, ValueError, TypeError) as err:
+            except (KeyError, ValueError, TypeError, IndexError) as err:
                 raise ValueError(f"{path}, row {i}: {err}") from None
             items.append(ApiBankItem(level, i, messages, row["answer"]))
     return items
@@ -94,11 +101,17 @@ def evaluate_api_bank(
                     "route": route,
                     "correct": api_bank_correct(calls, item.answer),
                     "n_calls": len(calls),
-                    "response": response,
+                    "response": _storable(response),
                 }
             )
         log.info("API-Bank: %d / %d scored", len(rows), len(items))
     return pd.DataFrame(rows)
+
+
+def _storable(response: Any) -> str:
+    """The response as text the table (arrow strings, UTF-8) can hold: lone surrogates escaped."""
+    text = response if isinstance(response, str) else repr(response)
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def level_table(rows: pd.DataFrame) -> pd.DataFrame:

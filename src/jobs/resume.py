@@ -1,8 +1,9 @@
 """Preparing a run directory at start-up: a fresh run, or a resume from its latest checkpoint.
 
-``resume=true`` continues from the checkpoint the manifest names (else the newest ``*.ckpt``):
-the logs are first cut back to that point (``src.callbacks.run_logs``), so the steps the
-resumed run repeats are logged once. With no checkpoint yet (killed before the first one) the
+``resume=true`` continues from the checkpoint the manifest names (else, or when that one is
+unreadable, the newest intact ``*.ckpt``): once the resume is accepted the logs are cut back to
+that point (``src.callbacks.run_logs``), so the steps the resumed run repeats are logged once. A
+run that already reached ``trainer.max_steps`` is left as it is. With no checkpoint yet (killed before the first one) the
 run starts again from step 0 with a warning. A fresh run refuses a run_dir that already holds
 one, so no earlier run's rows are overwritten.
 """
@@ -26,7 +27,15 @@ from src.callbacks.run_logs import (
 )
 from src.callbacks.step_scalars import StepScalars
 
-__all__ = ["ResumePoint", "check_callback_states", "prepare_run_dir", "read_resume_point"]
+__all__ = [
+    "ResumePoint",
+    "already_finished",
+    "check_callback_states",
+    "cut_logs_back",
+    "intact_resume_point",
+    "prepare_run_dir",
+    "read_resume_point",
+]
 
 log = logging.getLogger(__name__)
 
@@ -56,16 +65,45 @@ def read_resume_point(ckpt: Path) -> ResumePoint:
     return ResumePoint(ckpt, step, carried.step if carried else step, tuple(state.get("callbacks", {})))
 
 
-def prepare_run_dir(run_dir: str | Path, resume: bool) -> ResumePoint | None:
-    """Clean interrupted writes; for a resume, find the checkpoint and cut the logs back to it.
+def intact_resume_point(checkpoint_dir: Path) -> ResumePoint | None:
+    """The resume point of the manifest's checkpoint, else of the newest intact ``*.ckpt``.
 
+    A checkpoint that cannot be read (empty, cut short, corrupt) is named in a warning and the
+    next newest is tried; None when there is no checkpoint; ValueError naming every one when none
+    is intact.
+    """
+    first = latest_checkpoint(checkpoint_dir)
+    if first is None:
+        return None
+    others = sorted(
+        (p for p in checkpoint_dir.glob("*.ckpt") if p.resolve() != first.resolve()),
+        key=lambda p: p.stat().st_mtime,
+        reverse=True,
+    )
+    broken = []
+    for ckpt in (first, *others):
+        try:
+            point = read_resume_point(ckpt)
+        except Exception as err:  # noqa: BLE001 - any unreadable checkpoint: try the next one
+            broken.append(f"{ckpt} ({type(err).__name__}: {str(err)[:200]})")
+            log.warning("checkpoint %s is not readable (%s); trying the next newest", ckpt, broken[-1])
+            continue
+        if broken:
+            log.warning("resuming from %s instead of the unreadable %s", ckpt, ", ".join(broken))
+        return point
+    raise ValueError(f"no intact checkpoint in {checkpoint_dir}: " + "; ".join(broken))
+
+
+def prepare_run_dir(run_dir: str | Path, resume: bool) -> ResumePoint | None:
+    """Clean interrupted writes; for a resume, find the (intact) checkpoint to continue from.
+
+    Nothing logged is cut here: :func:`cut_logs_back` does that once the resume is accepted.
     Only the launching process (global rank 0) touches the directory: the ranks that a
     multi-process strategy starts later run this too, while rank 0 is already writing there.
     """
     run_dir = Path(run_dir)
     if rank_zero_only.rank != 0:
-        ckpt = latest_checkpoint(run_dir / "checkpoints") if resume else None
-        return None if not resume else (read_resume_point(ckpt) if ckpt else ResumePoint(None, 0, 0))
+        return (intact_resume_point(run_dir / "checkpoints") or ResumePoint(None, 0, 0)) if resume else None
     remove_interrupted_writes(run_dir)
     if not resume:
         if found := existing_run_artefacts(run_dir):
@@ -74,12 +112,36 @@ def prepare_run_dir(run_dir: str | Path, resume: bool) -> ResumePoint | None:
                 "continue it with resume=true, or choose a new run_dir"
             )
         return None
-    ckpt = latest_checkpoint(run_dir / "checkpoints")
-    if ckpt is None:
+    point = intact_resume_point(run_dir / "checkpoints")
+    if point is None:
         log.warning("resume=true but no checkpoint in %s/checkpoints: starting from step 0", run_dir)
         point = ResumePoint(None, 0, 0)
-    else:
-        point = read_resume_point(ckpt)
+    return point
+
+
+def already_finished(point: ResumePoint | None, max_steps: int) -> bool:
+    """Whether the checkpoint to resume from already reached ``trainer.max_steps`` (logged when so)."""
+    done = point is not None and point.checkpoint is not None and 0 < max_steps <= point.global_step
+    if done:
+        log.warning(
+            "%s already reached step %d (trainer.max_steps=%d): the run is finished, nothing to resume; "
+            "nothing was changed (raise trainer.max_steps to train on)",
+            point.checkpoint,
+            point.global_step,
+            max_steps,
+        )
+    return done
+
+
+def cut_logs_back(run_dir: str | Path, point: ResumePoint) -> None:
+    """Drop what the killed run logged from the resume point on (the resumed run writes it again).
+
+    Called only once the resume is accepted (callback states checked), so a refused resume or an
+    already finished run leaves every log as it was.
+    """
+    if rank_zero_only.rank != 0:
+        return
+    run_dir = Path(run_dir)
     events = truncate_tensorboard(run_dir / "tensorboard", point.logger_step)
     rows = truncate_rollouts(run_dir / "rollouts", point.global_step)
     log.info(
@@ -92,7 +154,6 @@ def prepare_run_dir(run_dir: str | Path, resume: bool) -> ResumePoint | None:
         rows,
         point.global_step,
     )
-    return point
 
 
 def check_callback_states(point: ResumePoint, trainer) -> None:

@@ -16,9 +16,7 @@ import hashlib
 import json
 import logging
 import math
-import os
-import shutil
-import tempfile
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +25,9 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
 
+from src.callbacks.checkpointing import Preempted
 from src.callbacks.progress import StepLogProgress, StepProgressBar
+from src.callbacks.signal_stop import StopOnSignal
 
 log = logging.getLogger(__name__)
 
@@ -126,14 +126,11 @@ def _records(cfg: DictConfig, tokenizer) -> list[dict[str, Any]]:
 
 def _save_atomically(model, tokenizer, out_dir: Path) -> None:
     """Write the model + tokenizer to ``out_dir`` via a temp dir and one rename (no half-written cache)."""
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=".sft-"))
-    try:
+    from src.atomic_files import atomic_dir
+
+    with atomic_dir(out_dir) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        os.replace(tmp, out_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def train_on_examples(
@@ -162,11 +159,24 @@ def train_on_examples(
         log_every_n_steps=10,
         gradient_clip_val=1.0,
         default_root_dir=str(cfg.run_dir),
-        callbacks=[StepProgressBar(), StepLogProgress("SFT", "train/sft_loss", every=s.get("log_every", 25))],
+        callbacks=[
+            StepProgressBar(),
+            StepLogProgress("SFT", "train/sft_loss", every=s.get("log_every", 25)),
+            stopper := StopOnSignal("SFT"),
+        ],
     )
     log.info("SFT: %d examples, %d steps of batch %d", len(examples), s.max_steps, s.batch_size)
     module = SFTModule(model, lr=s.lr, decay_steps=s.max_steps if s.get("lr_decay", False) else None)
     trainer.fit(module, train_dataloaders=loader)
+    if stopper.stopped_by is not None and trainer.global_step < s.max_steps:
+        log.warning(
+            "SFT stopped by %s after step %d of %d: nothing saved%s; the next run trains it again",
+            signal.Signals(stopper.stopped_by).name,
+            trainer.global_step,
+            s.max_steps,
+            f" (no half-trained model at {out_dir})" if out_dir is not None else "",
+        )
+        raise Preempted(stopper.stopped_by)
     if out_dir is not None:
         _save_atomically(model, tokenizer, out_dir)
     metrics = {k: float(v) for k, v in trainer.logged_metrics.items()}
@@ -215,6 +225,13 @@ def _warm_start_dir(cfg: DictConfig, kind: str, key: dict[str, Any]) -> Path:
     return Path(cfg.cache_dir) / "warm_start" / f"{kind}-{digest}"
 
 
+def _cached(out: Path) -> bool:
+    """A complete cached warm start at ``out`` (a broken one is removed, to be rebuilt)."""
+    from src.atomic_files import discard_if_broken, hf_model_dir_intact
+
+    return discard_if_broken(out, hf_model_dir_intact)
+
+
 def ensure_sft_warm_start(cfg: DictConfig, base: Path) -> Path:
     """The cached SFT warm start of ``base`` for this data and SFT config (built on first use)."""
     out = _warm_start_dir(
@@ -227,7 +244,7 @@ def ensure_sft_warm_start(cfg: DictConfig, base: Path) -> Path:
             "seed": cfg.seed,
         },
     )
-    if (out / "config.json").exists():
+    if _cached(out):
         return out
     log.info("building the SFT warm start at %s (cached for later runs)", out)
     fit_sft(cfg, base, out)
@@ -303,7 +320,7 @@ def ensure_episode_warm_start(cfg: DictConfig, base: Path) -> Path:
             "agent": hashlib.sha1(agent_src.encode()).hexdigest(),
         },
     )
-    if (out / "config.json").exists():
+    if _cached(out):
         return out
     log.info("building the RLVCR step-format warm start at %s (cached for later runs)", out)
     fit_episode_sft(cfg, base, out)

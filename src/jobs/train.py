@@ -18,7 +18,7 @@ from src.callbacks.step_scalars import StepScalarCarry
 from src.jobs.build import build_datamodule, build_module, build_trainer
 from src.jobs.callbacks import build_rl_callbacks
 from src.jobs.checks import validate_job
-from src.jobs.resume import check_callback_states, prepare_run_dir
+from src.jobs.resume import already_finished, check_callback_states, cut_logs_back, prepare_run_dir
 from src.jobs.warm_start import model_dir
 from src.models.loading import load_tokenizer
 
@@ -42,6 +42,8 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
     ``cfg`` is validated first (``ConfigError`` naming every bad key), before anything is built.
     """
     validate_job(cfg)
+    if cfg.trainer.threads is not None:  # before any work: reductions split by thread count
+        torch.set_num_threads(int(cfg.trainer.threads))
     pl.seed_everything(cfg.seed, workers=True)
     torch.set_float32_matmul_precision("high")
     if cfg.task == "sft":
@@ -49,6 +51,8 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
 
         return run_sft(cfg)
     point = prepare_run_dir(cfg.run_dir, bool(cfg.resume))
+    if already_finished(point, int(cfg.trainer.max_steps)):  # says so; nothing is changed
+        return {}, {"finished": point}
     path = model_dir(cfg)
     tokenizer = load_tokenizer(path)
     if cfg.data.get("format") == "harmony":
@@ -71,6 +75,8 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
     if ckpt is not None:
         check_callback_states(point, trainer)
         log.info("resuming from %s", ckpt)
+    if point is not None:
+        cut_logs_back(cfg.run_dir, point)
     try:
         trainer.fit(module, datamodule=datamodule, ckpt_path=str(ckpt) if ckpt else None)
     except SIGTERMException as e:  # SIGTERM before our handler took over: Lightning exits with 0

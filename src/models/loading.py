@@ -38,7 +38,23 @@ def resolve_model_path(path: str | None, cache_dir: str, tiny: TinyModelSpec | N
     p = Path(path).expanduser()
     if not p.exists():
         raise FileNotFoundError(f"model.path={path!r} does not exist (downloads are not done at run time)")
+    check_model_config(p)
     return p
+
+
+def check_model_config(model_dir: Path) -> None:
+    """A model directory's ``config.json`` must be a JSON object; the error names the file."""
+    import json
+
+    config = model_dir / "config.json"
+    if not model_dir.is_dir() or not config.is_file():
+        raise FileNotFoundError(f"model.path: {config} not found (not a Hugging Face model directory)")
+    try:
+        parsed = json.loads(config.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"model.path: {config} is not valid JSON ({e})") from None
+    if not isinstance(parsed, dict):
+        raise ValueError(f"model.path: {config} holds {type(parsed).__name__}, not a JSON object")
 
 
 def load_tokenizer(path: Path):

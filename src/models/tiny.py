@@ -12,8 +12,6 @@ import hashlib
 import json
 import logging
 import os
-import shutil
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable
@@ -148,22 +146,17 @@ def ensure_tiny_model(cache_dir: str | os.PathLike, spec: TinyModelSpec | None =
     The directory name carries the spec's fingerprint, so a changed spec builds a new model.
     Written to a temporary directory and renamed, so a crash never leaves half a model.
     """
+    from src.atomic_files import atomic_dir, discard_if_broken, hf_model_dir_intact
+
     spec = spec or TinyModelSpec()
     target = Path(cache_dir).expanduser() / f"tiny-qwen2-{spec.fingerprint()}"
-    if (target / "config.json").exists():
+    if discard_if_broken(target, hf_model_dir_intact):
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
     log.info("building the embedded tiny model at %s", target)
     tokenizer = build_tiny_tokenizer(default_corpus(spec.corpus_rows, spec.seed), spec.vocab_size)
     model = build_tiny_model(tokenizer, spec)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".building-"))
-    try:
+    with atomic_dir(target) as tmp:
         tokenizer.save_pretrained(tmp)
         model.save_pretrained(tmp)
         (tmp / "tiny_spec.json").write_text(json.dumps(asdict(spec), indent=2))
-        os.replace(tmp, target)
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if not (target / "config.json").exists():  # lost a race to another builder is fine
-            raise
     return target

@@ -11,6 +11,7 @@ parameters of a call to the expected tool, as ToolRL does. Accuracy per level is
 from __future__ import annotations
 
 import json
+import reprlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,15 +19,21 @@ __all__ = ["api_bank_calls", "api_bank_correct", "expected_call"]
 
 
 def api_bank_calls(response: str) -> list[Any]:
-    """The JSON values on the lines of the response's (last) tool-call block; bad lines skipped."""
-    block = response.strip().split("<tool_call>")[-1].split("</tool_call>")[0].strip()
+    """The JSON values on the lines of the response's (last) tool-call block; bad lines skipped.
+
+    Never raises: a non-string response has no calls; a line nested too deep to parse is bad.
+    """
+    if not isinstance(response, str):
+        return []
+    # rpartition / partition, not split: a degenerate response repeats the tag thousands of times
+    block = response.strip().rpartition("<tool_call>")[2].partition("</tool_call>")[0].strip()
     calls = []
     for line in block.split("\n"):
         if not line.strip():
             continue
         try:
             calls.append(json.loads(line))
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
     return calls
 
@@ -36,7 +43,8 @@ def expected_call(answer: Any) -> Mapping[str, Any]:
     ``name`` and ``parameters``."""
     call = answer[0] if isinstance(answer, list) and answer else answer
     if not isinstance(call, Mapping) or "name" not in call or "parameters" not in call:
-        raise ValueError(f"API-Bank answer is not a call with name and parameters: {answer!r:.200}")
+        # reprlib: bounded in depth and length, so a pathological answer cannot blow the stack
+        raise ValueError(f"API-Bank answer is not a call with name and parameters: {reprlib.repr(answer)}")
     return call
 
 
@@ -47,6 +55,13 @@ def api_bank_correct(calls: list[Any], answer: Any) -> bool:
     string that is not JSON, or a scalar.
     """
     want = expected_call(answer)
+    try:
+        return _soft_match(calls, want)
+    except RecursionError:  # a call nested too deep to compare is not the expected one
+        return False
+
+
+def _soft_match(calls: list[Any], want: Mapping[str, Any]) -> bool:
     for call in calls:
         if isinstance(call, str):
             try:

@@ -33,3 +33,14 @@ def score(
     data_source: str, response: str, ground_truth: str, step: int = 0, config: RewardConfig | None = None
 ) -> RewardBreakdown:
     return reward_fn(data_source)(response, ground_truth, step=step, config=config)
+
+
+def row_problem(data_source: str, ground_truth: str) -> str | None:
+    """Why a data row cannot be scored (``unknown_data_source`` / ``unparseable_ground_truth``), or None.
+
+    Checked at load, so such rows are counted and skipped instead of failing or scoring 0 mid-run.
+    """
+    if data_source not in _REWARD_MODULES:
+        return "unknown_data_source"
+    module = importlib.import_module(_REWARD_MODULES[data_source])
+    return None if module.ground_truth_ok(ground_truth) else "unparseable_ground_truth"

@@ -117,6 +117,18 @@ def _analysis_text(response: HarmonyParse) -> str | None:
     return None
 
 
+def ground_truth_ok(ground_truth: str) -> bool:
+    """Whether a harmony ground truth can score a response: blocks whose tool calls parse."""
+    parsed = parse_harmony(ground_truth)
+    if not parsed.blocks:
+        return False
+    try:
+        tool_calls_of(parsed)
+    except (ValueError, RecursionError):
+        return False
+    return True
+
+
 def compute_score(
     response: str, ground_truth: str, step: int = 0, config: RewardConfig | None = None
 ) -> RewardBreakdown:

@@ -165,7 +165,21 @@ def parse_tool_block(text: str) -> list[Any]:
         raise ValueError("no <tool_call> tag")
     # partition, not split: a degenerate text repeats the tag thousands of times
     block = text.partition("<tool_call>")[2].partition("<tool_call>")[0].partition("</tool_call>")[0].strip()
-    return [json.loads(line) for line in block.split("\n")]
+    try:
+        return [json.loads(line) for line in block.split("\n")]
+    except RecursionError:  # JSON nested deeper than the interpreter's stack: not a call
+        raise ValueError("tool-call JSON nested too deep to parse") from None
+
+
+def ground_truth_ok(ground_truth: str) -> bool:
+    """Whether a ground truth can score a response: a tool-call block (if any) of JSON objects."""
+    if "<tool_call>" not in ground_truth:
+        return True
+    try:
+        calls = parse_tool_block(ground_truth)
+    except ValueError:
+        return False
+    return all(isinstance(c, dict) for c in calls)
 
 
 # The layouts ToolRL's regexes describe, as the literals between their lazy ``.*?`` gaps:
@@ -236,7 +250,7 @@ def _correctness(response: str, ground_truth: str, step: int, config: RewardConf
         return 0.0
     try:
         gt_tools = parse_tool_block(ground_truth)
-    except (ValueError, RecursionError) as err:
+    except ValueError as err:
         log.error(
             "rlla reward: cannot parse the ground truth's tool calls (%s); correctness 0: %.200r",
             err,

@@ -129,9 +129,10 @@ def test_overlong_rows_dropped_and_counted(tokenizer, synth, caplog):
 
 
 def test_several_files_and_data_sources(tokenizer, tmp_path, synth):
-    gpt = write_rlla_parquet(
-        generate_rlla_rows(6, seed=9, data_source="rlla_gpt", start_index=1000), tmp_path / "gpt.parquet"
-    )
+    from src.datamodules.gpt_oss import convert_frame
+
+    harmony, _ = convert_frame(generate_rlla_rows(6, seed=9, start_index=1000))
+    gpt = write_rlla_parquet(harmony.reset_index(drop=True), tmp_path / "gpt.parquet")
     dm = _dm(tokenizer, [synth["train"], gpt], batch_size=64)
     (batch,) = list(dm.train_dataloader())
     assert len(batch) == 46
@@ -243,3 +244,34 @@ def test_checkpoint_mid_epoch_resumes_the_permutation_where_it_stopped(tokenizer
     )
     assert first.seen[1] + resumed.seen[1] == straight.seen[1]
     assert len(resumed.seen[1]) == 20 and 0 not in resumed.seen  # no prompt seen twice
+
+
+def test_unscorable_rows_counted_per_reason_and_skipped(tokenizer, tmp_path, caplog):
+    """Rows no reward can score (unknown data_source, ground truth whose tool calls do not parse) are
+    skipped at load and counted per reason, not left to fail or score 0 in the middle of a run."""
+    df = generate_rlla_rows(8, seed=2, p_search=1.0, p_calculate=0.0, p_answer=0.0)
+    df.at[1, "data_source"] = "toolbench"
+    df.at[4, "data_source"] = "nope"
+    df.at[6, "reward_model"] = {
+        "ground_truth": "<think>x</think>\n<tool_call>\n{oops\n</tool_call>",
+        "style": "rule",
+    }
+    path = write_rlla_parquet(df, tmp_path / "mixed.parquet")
+    with caplog.at_level(logging.WARNING):
+        dm = _dm(tokenizer, [path])
+    assert dm.stats["train"]["dropped"] == {"unknown_data_source": 2, "unparseable_ground_truth": 1}
+    assert sorted(r["uid"] for r in dm.train_dataset.records) == [0, 2, 3, 5, 7]
+    assert "mixed.parquet row 1" in caplog.text
+
+
+@pytest.mark.parametrize("column, value", [("data_source", "toolbench"), ("reward_model", "bad_gt")])
+def test_file_with_no_usable_row_is_named(tokenizer, tmp_path, column, value):
+    df = generate_rlla_rows(5, seed=3, p_search=1.0, p_calculate=0.0, p_answer=0.0)
+    if value == "bad_gt":
+        value = [{"ground_truth": "<tool_call>\n[[[\n</tool_call>", "style": "rule"}] * len(df)
+        df[column] = value
+    else:
+        df[column] = value
+    path = write_rlla_parquet(df, tmp_path / "allbad.parquet")
+    with pytest.raises(ValueError, match="allbad.parquet: none of its 5 rows is usable"):
+        _dm(tokenizer, [path])

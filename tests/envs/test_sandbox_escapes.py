@@ -191,50 +191,14 @@ def test_huge_file_is_bounded_by_the_file_size_limit(env):
         assert not path.exists() or path.stat().st_size <= 8 * 2**20
 
 
-PATCH_SIMULATE = """
-import sys
-runner = sys.modules["__main__"]
-runner.simulate = lambda *args, **kwargs: 1e9
-runner.play_all = lambda game, strategy, rounds, simulations, seed: ("0" * rounds * simulations,) * 2
-def row_strategy(history):
-    return 0
-"""
-
-PATCH_OPPONENT = """
-import dataclasses, sys
-runner = sys.modules["__main__"]
-game = runner.GAMES["battle_of_sexes"]
-runner.GAMES["battle_of_sexes"] = dataclasses.replace(game, opponent=lambda history, rng: 0)
-def row_strategy(history):
-    return 0
-"""
-
-FORGE_RESULT = """
-import json, os, sys
-frame = sys._getframe()
-while frame is not None and "nonce" not in frame.f_locals:
-    frame = frame.f_back
-line = f"{frame.f_locals['nonce']} RESULT " + json.dumps({"score": 1e9}) + "\\n"
-for fd in range(3, 12):
-    try:
-        os.write(fd, line.encode())
-    except OSError:
-        pass
-os._exit(0)
-"""
-
-
 @pytest.mark.parametrize(
     ("body", "expected"),
     [
-        (PATCH_SIMULATE, "tampered"),
-        (PATCH_OPPONENT, "tampered"),
-        (FORGE_RESULT, "unexpected content"),
         ("def row_strategy(history):\n    return float('nan')", "must return the int 0 or 1"),
         ("def row_strategy(history):\n    return float('inf')", "must return the int 0 or 1"),
         ("def row_strategy(history):\n    return 1e9", "must return the int 0 or 1"),
     ],
-    ids=["patch_simulate", "patch_opponent", "forged_result", "nan", "inf", "huge"],
+    ids=["nan", "inf", "huge"],
 )
 def test_cheating_strategies_are_rejected(env, body, expected):
     env.step(_write(body))

@@ -3,6 +3,7 @@
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pandas as pd
 import torch
@@ -52,7 +53,8 @@ def test_grpo_sigint_resume_reaches_step_4(tmp_path):
     # step 2 was saved by the periodic checkpoint already; a later stop writes interrupted.ckpt
     assert manifest["latest_checkpoint"].endswith("interrupted.ckpt") == (interrupted_at == 3)
     assert "resume=true" in manifest["resume_command"] and manifest["config"]["trainer"]["max_steps"] == 4
-    assert _optimizer_steps(manifest["latest_checkpoint"]) == {interrupted_at}
+    assert not Path(manifest["latest_checkpoint"]).is_absolute()  # relative to the run dir: copies resume
+    assert _optimizer_steps(run_dir / manifest["latest_checkpoint"]) == {interrupted_at}
     assert not (ckpt_dir / "on_exception.ckpt").exists()
 
     run_train(*overrides, "resume=true")

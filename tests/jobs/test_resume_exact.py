@@ -30,7 +30,7 @@ from src.callbacks.run_logs import (
     truncate_tensorboard,
 )
 from src.datamodules.position import DataPosition, EpochSeededSampler
-from src.jobs.resume import ResumePoint, check_callback_states, prepare_run_dir
+from src.jobs.resume import ResumePoint, check_callback_states, cut_logs_back, prepare_run_dir
 
 SMALL = [
     "experiment=router_grpo",
@@ -361,7 +361,9 @@ def test_fresh_run_refuses_a_used_run_dir_and_resume_without_checkpoint_starts_o
     with pytest.raises(FileExistsError, match="resume=true"):
         prepare_run_dir(tmp_path, resume=False)
     point = prepare_run_dir(tmp_path, resume=True)  # killed before its first checkpoint
-    assert point == ResumePoint(None, 0, 0) and not list((tmp_path / "rollouts").iterdir())
+    assert point == ResumePoint(None, 0, 0) and list((tmp_path / "rollouts").iterdir())  # not cut yet
+    cut_logs_back(tmp_path, point)  # once the resume is accepted
+    assert not list((tmp_path / "rollouts").iterdir())
 
 
 def test_missing_callback_state_is_an_error_naming_it():
