@@ -121,7 +121,7 @@ def build_trainer(cfg: DictConfig, extra_callbacks: list[pl.Callback]) -> pl.Tra
         accelerator=t.accelerator,
         devices=t.devices,
         num_nodes=t.num_nodes,
-        strategy=strategy_from(t.strategy, float(cfg.algorithm.grad_clip)),
+        strategy=strategy_from(t.strategy, float(cfg.algorithm.grad_clip), world_size(cfg)),
         # the datamodules shard their own seeded order over the ranks (any world size, same prompts)
         use_distributed_sampler=False,
         precision=t.precision,

@@ -32,8 +32,9 @@ def single_optimizer(name: str) -> bool:
     return str(name) in MULTI_PROCESS
 
 
-def strategy_from(name: str, grad_clip: float = 0.0):
-    """A Strategy instance for the names above; any other name goes to Lightning as it is."""
+def strategy_from(name: str, grad_clip: float = 0.0, world: int = 1):
+    """A Strategy instance for the names above (``world`` processes in all); any other name goes
+    to Lightning as it is."""
     name = str(name)
     if name == "ddp":
         from lightning.pytorch.strategies import DDPStrategy
@@ -44,7 +45,7 @@ def strategy_from(name: str, grad_clip: float = 0.0):
         from lightning.pytorch.strategies import ModelParallelStrategy
 
         # every process is a data-parallel replica holding a shard (no tensor parallelism)
-        return ModelParallelStrategy(data_parallel_size="auto", tensor_parallel_size=1)
+        return ModelParallelStrategy(data_parallel_size=world, tensor_parallel_size=1)
     if name in ("deepspeed_stage_2", "deepspeed_stage_3"):
         return _deepspeed(int(name[-1]), grad_clip)
     return name
