@@ -25,6 +25,7 @@ from jobhelpers import REPO, scalars, train_cmd
 
 from src.callbacks.checkpointing import latest_checkpoint
 from src.jobs.sharded_checkpoints import checkpoint_kind, consolidated_state_dict
+from src.rollout.metrics import route_accuracy
 
 BASE = [
     "experiment=router_grpo",
@@ -99,16 +100,32 @@ def test_ddp_sees_the_prompts_and_logs_the_reward_of_one_process(one_process, un
     for step in range(3):
         assert set(one[one.step == step].uid) == set(ddp[ddp.step == step].uid)
     ranks = pd.concat(pd.read_parquet(p) for p in (uninterrupted_ddp / "rollouts").glob("*.parquet"))["rank"]
-    assert set(ranks) == {0, 1}  # the log holds every rank's rows
-    # the logged reward is the mean over both ranks' rollouts, as one process logs it
-    logged = dict(scalars(uninterrupted_ddp)["train/reward_task_mean"])
-    for step, rows in ddp.groupby("step"):
-        assert logged[step] == pytest.approx(rows.reward_task.mean(), abs=1e-6)
-    assert logged[0] == pytest.approx(dict(scalars(one_process)["train/reward_task_mean"])[0], abs=1e-6)
+    assert set(ranks) == {0, 1}  # the log holds every rank's rows, once
+    assert len(ranks) == 3 * 4 * 4  # steps x prompts x copies
+    # the logged scalars are those of both ranks' rollouts together, as one process logs them;
+    # route accuracy with its own denominators, not a mean of the ranks' ratios
+    logged = {tag: dict(points) for tag, points in scalars(uninterrupted_ddp).items()}
+    rows = pd.concat(pd.read_parquet(p) for p in (uninterrupted_ddp / "rollouts").glob("*.parquet"))
+    for step, g in rows.groupby("step"):
+        expected = {
+            "reward_task_mean": g.reward_task.mean(),
+            "cost_mean": g.cost.mean(),
+            "route_frac_answer": (g.route == "answer").mean(),
+            "route_frac_search": (g.route == "search").mean(),
+        }
+        acc_answer, acc_family = route_accuracy(list(g.weak_label), list(g.route))
+        expected.update(route_acc_answer=acc_answer, route_acc_family=acc_family)
+        for name, value in expected.items():
+            if value is not None:
+                assert logged[f"train/{name}"][step] == pytest.approx(value, abs=1e-6), (step, name)
+    one_reward = dict(scalars(one_process)["train/reward_task_mean"])[0]
+    assert logged["train/reward_task_mean"][0] == pytest.approx(one_reward, abs=1e-6)
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_strategy_killed_and_resumed_matches_uninterrupted_ddp(strategy, one_process, uninterrupted_ddp, runs):
+def test_strategy_killed_and_resumed_matches_uninterrupted_ddp(
+    strategy, one_process, uninterrupted_ddp, runs
+):
     run_dir = runs / f"resumed_{strategy}"
     fault = [
         "+callbacks.fault._target_=src.callbacks.faults.SignalAtStep",

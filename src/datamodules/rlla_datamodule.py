@@ -196,7 +196,9 @@ class RLLADataModule(L.LightningDataModule):
             self.val_dataset,
             batch_size=self.val_batch_size,
             # in order, each rank its share (Lightning's distributed sampler is off)
-            sampler=EpochSeededSampler(len(self.val_dataset), self.seed, False, *rank_and_world(self.trainer)),
+            sampler=EpochSeededSampler(
+                len(self.val_dataset), self.seed, False, *rank_and_world(self.trainer)
+            ),
             collate_fn=list_collate,
             num_workers=self.num_workers,
         )

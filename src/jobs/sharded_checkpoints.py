@@ -25,7 +25,9 @@ def checkpoint_kind(path: str | Path) -> str:
         return "fsdp"
     if (path / "latest").is_file():
         return "deepspeed"
-    raise FileNotFoundError(f"{path}: neither a checkpoint file nor an FSDP2 / DeepSpeed checkpoint directory")
+    raise FileNotFoundError(
+        f"{path}: neither a checkpoint file nor an FSDP2 / DeepSpeed checkpoint directory"
+    )
 
 
 def consolidated_state_dict(path: str | Path) -> dict[str, torch.Tensor]:

@@ -146,7 +146,10 @@ class HFGenerateEngine:
             if not greedy and s.logprobs_from == "scores"
             else None
         )
-        kwargs = {**self._generate_kwargs(sampling, stop, recorder), **generate_kwargs_under_sharding(self.model)}
+        kwargs = {
+            **self._generate_kwargs(sampling, stop, recorder),
+            **generate_kwargs_under_sharding(self.model),
+        }
         # greedy copies are identical: decode each prompt once and repeat it
         n = 1 if greedy else sampling.n
         if n > 1 and s.share_prefill and s.cache_implementation == "dynamic" and ids.shape[1] > 1:
