@@ -13,6 +13,7 @@ same point. One thread per process: the float results then depend on nothing but
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import subprocess
@@ -43,7 +44,15 @@ BASE = [
     "trainer.save_freq=1",
 ]
 TWO = ["trainer.devices=2"]
-STRATEGIES = ["ddp", "fsdp", "deepspeed_stage_2", "deepspeed_stage_3"]
+_NO_DEEPSPEED = pytest.mark.skipif(
+    importlib.util.find_spec("deepspeed") is None, reason="deepspeed not installed (make setup installs it)"
+)
+STRATEGIES = [
+    "ddp",
+    "fsdp",
+    pytest.param("deepspeed_stage_2", marks=_NO_DEEPSPEED),
+    pytest.param("deepspeed_stage_3", marks=_NO_DEEPSPEED),
+]
 # columns that say what was rolled out and how it scored (the rank that did it may differ)
 ROLLOUT = ["step", "uid", "response", "reward_task", "route", "router_prob", "cost"]
 

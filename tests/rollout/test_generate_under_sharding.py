@@ -67,7 +67,8 @@ def _worker(rank: int, kind: str, model_dir: str, store: str, out: str) -> None:
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("kind", ["fsdp2", "zero3"])
+# transformers keeps FSDP2 ranks in step by itself: that case is a slow regression check
+@pytest.mark.parametrize("kind", [pytest.param("fsdp2", marks=pytest.mark.slow), "zero3"])
 def test_ranks_stopping_at_different_lengths_all_finish_with_the_whole_models_output(
     kind, tiny_model_dir, tmp_path
 ):
