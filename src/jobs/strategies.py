@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import argparse
 
-import torch
-
 __all__ = ["SHARDED", "MULTI_PROCESS", "single_optimizer", "strategy_from"]
 
 SHARDED = ("fsdp", "deepspeed_stage_2", "deepspeed_stage_3")
@@ -94,9 +92,3 @@ def _deepspeed(stage: int, grad_clip: float):
         strategy.config["gradient_clipping"] = float(grad_clip)
     return strategy
 
-
-def is_fully_sharded(module: torch.nn.Module) -> bool:
-    """True for a module that FSDP2's ``fully_shard`` has wrapped."""
-    from torch.distributed.fsdp import FSDPModule
-
-    return isinstance(module, FSDPModule)
