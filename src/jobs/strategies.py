@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["SHARDED", "MULTI_PROCESS", "single_optimizer", "strategy_from"]
+__all__ = ["MULTI_PROCESS", "SHARDED", "single_optimizer", "strategy_from"]
 
 SHARDED = ("fsdp", "deepspeed_stage_2", "deepspeed_stage_3")
 MULTI_PROCESS = ("ddp", *SHARDED)
@@ -91,4 +91,3 @@ def _deepspeed(stage: int, grad_clip: float):
     if grad_clip and grad_clip > 0:
         strategy.config["gradient_clipping"] = float(grad_clip)
     return strategy
-
