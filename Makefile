@@ -21,7 +21,7 @@ TORCH ?= torch==2.13.0
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH)"
-	$(PY) -m pip install -q -e ".[dev,async]"
+	$(PY) -m pip install -q -e ".[dev,async,deepspeed]"
 	touch $@
 
 train: setup

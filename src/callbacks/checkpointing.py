@@ -257,14 +257,16 @@ ManifestOnExceptionCheckpoint = InterruptCheckpoint
 
 
 def latest_checkpoint(checkpoint_dir: str | os.PathLike) -> Path | None:
-    """The checkpoint to resume from: the manifest's, else the newest ``*.ckpt``."""
+    """The checkpoint to resume from: the manifest's, else the newest ``*.ckpt``.
+
+    A checkpoint is a file, or a directory under sharded strategies (FSDP2, DeepSpeed)."""
     checkpoint_dir = Path(checkpoint_dir)
     manifest = checkpoint_dir / "manifest.yaml"
     if manifest.exists():
         path = manifest_checkpoint(
             checkpoint_dir, yaml.safe_load(manifest.read_text()).get("latest_checkpoint", "")
         )
-        if path.is_file():
+        if path.is_file() or path.is_dir():  # FSDP2 and DeepSpeed checkpoints are directories
             return path
         log.warning("manifest names %s, which is missing; using the newest checkpoint instead", path)
     candidates = sorted(checkpoint_dir.glob("*.ckpt"), key=lambda p: p.stat().st_mtime)

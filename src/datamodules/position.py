@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch.utils.data import Sampler
 
-__all__ = ["DataPosition", "EpochSeededSampler", "batches_done_in_epoch", "train_position"]
+__all__ = ["DataPosition", "EpochSeededSampler", "batches_done_in_epoch", "rank_and_world", "train_position"]
 
 log = logging.getLogger(__name__)
 
@@ -54,13 +54,22 @@ class EpochSeededSampler(Sampler[int]):
 
     Lightning calls ``set_epoch`` before each epoch. ``resume_at(epoch, start)`` makes the
     iteration of that epoch begin at index ``start`` of its permutation (the records before it
-    were consumed before the interruption); other epochs are whole. ``len`` stays ``n`` so that
-    Lightning's per-epoch batch count, which it restores to the consumed batches, still ends the
-    epoch at the right batch.
+    were consumed before the interruption); other epochs are whole.
+
+    With ``world`` ranks, rank ``rank`` takes every ``world``-th index of the same global order
+    (``order[start:][rank::world]``): with a per-rank batch of b, step k's batches of all ranks
+    together are the global order's records k*world*b ... (k+1)*world*b - 1, the batch one process
+    with batch world*b sees. ``start`` counts global records. The order is cut to a multiple of
+    ``world`` so every rank has as many batches. ``len`` is the rank's share of the whole epoch
+    (not of what is left after a resume), so that Lightning's per-epoch batch count, which it
+    restores to the consumed batches, still ends the epoch at the right batch.
     """
 
-    def __init__(self, n: int, seed: int, shuffle: bool = True):
+    def __init__(self, n: int, seed: int, shuffle: bool = True, rank: int = 0, world: int = 1):
+        if not 0 <= rank < world:
+            raise ValueError(f"rank {rank} outside a world of {world} processes")
         self.n, self.seed, self.shuffle, self.epoch = n, seed, shuffle, 0
+        self.rank, self.world = rank, world
         self._resume: tuple[int, int] | None = None
 
     def set_epoch(self, epoch: int) -> None:
@@ -72,7 +81,7 @@ class EpochSeededSampler(Sampler[int]):
         self._resume = (epoch, start) if start else None
 
     def order(self) -> list[int]:
-        """This epoch's full order of dataset indices."""
+        """This epoch's full (global, all-rank) order of dataset indices."""
         if not self.shuffle:
             return list(range(self.n))
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
@@ -80,10 +89,11 @@ class EpochSeededSampler(Sampler[int]):
 
     def __iter__(self) -> Iterator[int]:
         start = self._resume[1] if self._resume and self._resume[0] == self.epoch else 0
-        return iter(self.order()[start:])
+        order = self.order()[: self.n - self.n % self.world]
+        return iter(order[start:][self.rank :: self.world])
 
     def __len__(self) -> int:
-        return self.n
+        return self.n // self.world
 
 
 def batches_done_in_epoch(trainer: Any) -> int:
@@ -101,8 +111,16 @@ def batches_done_in_epoch(trainer: Any) -> int:
 def train_position(
     sampler: EpochSeededSampler | None, restored: DataPosition | None, seed: int, batch_size: int, trainer
 ) -> dict[str, int]:
-    """The state dict of a datamodule serving ``sampler`` in batches of ``batch_size``."""
+    """The state dict of a datamodule serving ``sampler`` in per-rank batches of ``batch_size``."""
     if sampler is None:  # no loader yet: what was restored (or the start) is still the position
         return (restored or DataPosition(seed, 0)).state_dict()
-    position = min(batches_done_in_epoch(trainer) * batch_size, sampler.n)
+    # global records: every rank consumed batch_size per step
+    position = min(batches_done_in_epoch(trainer) * batch_size * sampler.world, sampler.n)
     return DataPosition(seed, sampler.epoch, position).state_dict()
+
+
+def rank_and_world(trainer: Any) -> tuple[int, int]:
+    """(global rank, world size) of the trainer a datamodule is attached to; (0, 1) without one."""
+    if trainer is None:
+        return 0, 1
+    return int(trainer.global_rank), int(trainer.world_size)

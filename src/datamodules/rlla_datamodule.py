@@ -17,7 +17,7 @@ from typing import Any
 import lightning as L
 from torch.utils.data import DataLoader, Dataset
 
-from src.datamodules.position import DataPosition, EpochSeededSampler, train_position
+from src.datamodules.position import DataPosition, EpochSeededSampler, rank_and_world, train_position
 from src.datamodules.schema import RLLARecord, read_rlla_parquet
 
 __all__ = [
@@ -175,7 +175,10 @@ class RLLADataModule(L.LightningDataModule):
             raise ValueError(
                 f"no training rows left from {self.train_files} (stats: {self.stats.get('train')})"
             )
-        self._train_sampler = EpochSeededSampler(len(self.train_dataset), self.seed, self.shuffle)
+        # this rank's share of the global seeded order (Lightning's distributed sampler is off)
+        self._train_sampler = EpochSeededSampler(
+            len(self.train_dataset), self.seed, self.shuffle, *rank_and_world(self.trainer)
+        )
         if self._restored is not None:
             self._train_sampler.set_epoch(self._restored.epoch)
             self._train_sampler.resume_at(self._restored.epoch, self._restored.position)
@@ -196,7 +199,10 @@ class RLLADataModule(L.LightningDataModule):
         return DataLoader(
             self.val_dataset,
             batch_size=self.val_batch_size,
-            shuffle=False,
+            # in order, each rank its share (Lightning's distributed sampler is off)
+            sampler=EpochSeededSampler(
+                len(self.val_dataset), self.seed, False, *rank_and_world(self.trainer)
+            ),
             collate_fn=list_collate,
             num_workers=self.num_workers,
         )

@@ -8,7 +8,7 @@ from typing import Any
 import lightning as L
 from torch.utils.data import DataLoader, Dataset
 
-from src.datamodules.position import DataPosition, EpochSeededSampler, train_position
+from src.datamodules.position import DataPosition, EpochSeededSampler, rank_and_world, train_position
 from src.datamodules.rlla_datamodule import list_collate
 
 # Env seeds are drawn below 2**31 so any backend (numpy, gymnasium) accepts them.
@@ -51,7 +51,9 @@ class SeedDataModule(L.LightningDataModule):
         self._sampler: EpochSeededSampler | None = None
 
     def train_dataloader(self) -> DataLoader:
-        self._sampler = EpochSeededSampler(len(self.train_dataset), self.seed, self.shuffle)
+        self._sampler = EpochSeededSampler(
+            len(self.train_dataset), self.seed, self.shuffle, *rank_and_world(self.trainer)
+        )
         if self._restored is not None:
             self._sampler.set_epoch(self._restored.epoch)
             self._sampler.resume_at(self._restored.epoch, self._restored.position)

@@ -25,6 +25,7 @@ from src.callbacks.progress import StepProgressBar
 from src.config.groups import AlgorithmGroupConfig, RouterConfig
 from src.config.sampling import eval_sampling
 from src.config.validate import world_size
+from src.jobs.strategies import single_optimizer, strategy_from
 from src.models.loading import LoraSettings, load_causal_lm
 
 log = logging.getLogger(__name__)
@@ -121,7 +122,9 @@ def build_trainer(cfg: DictConfig, extra_callbacks: list[pl.Callback]) -> pl.Tra
         accelerator=t.accelerator,
         devices=t.devices,
         num_nodes=t.num_nodes,
-        strategy=strategy_from(t.strategy),
+        strategy=strategy_from(t.strategy, float(cfg.algorithm.grad_clip), world_size(cfg)),
+        # the datamodules shard their own seeded order over the ranks (any world size, same prompts)
+        use_distributed_sampler=False,
         precision=t.precision,
         log_every_n_steps=t.log_every_n_steps,
         limit_val_batches=t.limit_val_batches,
@@ -137,20 +140,13 @@ def build_trainer(cfg: DictConfig, extra_callbacks: list[pl.Callback]) -> pl.Tra
     )
 
 
-def strategy_from(name: str):
-    if name == "ddp":
-        from lightning.pytorch.strategies import DDPStrategy
-
-        # the router head is unused by the actor's backward (and vice versa)
-        return DDPStrategy(find_unused_parameters=True, process_group_backend=None)
-    return name
-
-
 def build_module(cfg: DictConfig, path: Path):
     from src.models.module import ToolRouterModule
 
     algorithm = dataclass_from(AlgorithmGroupConfig, cfg.algorithm)
     router = dataclass_from(RouterConfig, cfg.router)
+    if single_optimizer(cfg.trainer.strategy):  # the router head: a group of the one optimizer
+        router = replace(router, separate_optimizer=False)
     if algorithm.temperature is None:  # log-probs are scored at the sampling temperature
         algorithm = replace(algorithm, temperature=float(cfg.sampling.temperature))
     if cfg.replay.capacity > 0:  # off-policy samples: the ratio is taken against their behaviour log-probs

@@ -24,11 +24,12 @@ from src.algorithms.lagrange import DualSettings
 from src.algorithms.loss_module import build_loss_module
 from src.algorithms.losses import KL_ESTIMATORS, token_log_probs_and_entropy
 from src.config.schema import AlgorithmConfig, OptimConfig, RouterHeadConfig
-from src.models.loading import decoder_of
 from src.models.router_policy import RouterPolicy, lambda_window_step
+from src.models.sharding import fully_shard_policy
 from src.models.shared_prefix import prompt_groups, response_logits
 from src.rollout.batch import PromptBatch, RolloutBatch
-from src.rollout.metrics import non_finite, rollout_metrics
+from src.rollout.metrics import non_finite
+from src.rollout.rank_metrics import all_rank_rollout_metrics
 
 log = logging.getLogger(__name__)
 
@@ -129,9 +130,16 @@ class ToolRouterModule(pl.LightningModule):
         prompt_ids, prompt_mask = prompt_ids.to(self.device), prompt_mask.to(self.device)
         track = grad and not self.router_cfg.detach_backbone
         with torch.set_grad_enabled(track):
-            hidden = decoder_of(self.actor)(
-                input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=position_ids(prompt_mask)
-            ).last_hidden_state
+            # Through the actor's own forward (not its decoder's): sharding wrappers (FSDP2, ZeRO-3)
+            # gather the weights in that forward's hooks. One logit row keeps the LM head's cost
+            # nil; the last hidden state is the decoder's, bit for bit.
+            hidden = self.actor(
+                input_ids=prompt_ids,
+                attention_mask=prompt_mask,
+                position_ids=position_ids(prompt_mask),
+                output_hidden_states=True,
+                logits_to_keep=1,
+            ).hidden_states[-1]
         with torch.set_grad_enabled(grad):
             return self.router_head(hidden, prompt_mask)
 
@@ -161,12 +169,19 @@ class ToolRouterModule(pl.LightningModule):
         if self.reference is not None:
             self.reference.to(self.device)
 
+    def configure_model(self) -> None:
+        """Under ``trainer.strategy=fsdp`` (Lightning's ModelParallelStrategy sets the device mesh):
+        FSDP2 ``fully_shard`` per decoder layer, the actor and the router head. Else nothing."""
+        if self._device_mesh is not None:
+            fully_shard_policy(self.actor, self.router_head, self._device_mesh["data_parallel"])
+
     def configure_optimizers(self):
         cfg = self.optim_cfg
         groups = [{"params": [p for p in self.actor.parameters() if p.requires_grad], "lr": cfg.lr}]
         router_params = list(self.router_head.parameters()) if self.router_head is not None else []
         if router_params and not self.router_cfg.separate_optimizer:
-            groups.append({"params": router_params, "lr": self.router_cfg.lr})
+            # the router keeps its own optimizer's settings as a group of the one optimizer
+            groups.append({"params": router_params, "lr": self.router_cfg.lr, "weight_decay": 0.0})
         actor_opt = torch.optim.AdamW(
             groups, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=tuple(cfg.betas)
         )
@@ -327,7 +342,7 @@ class ToolRouterModule(pl.LightningModule):
     def validation_step(self, batch: PromptBatch, batch_idx: int):
         """Logs the ``val/`` twins of the rollout scalars (rollouts from the RolloutCallback)."""
         rb = _attached_rollout(batch)
-        metrics = rollout_metrics(rb, prefix="val")
+        metrics = all_rank_rollout_metrics(rb, prefix="val")
         self._warn_non_finite(metrics)
         self.log_dict(metrics, on_step=False, on_epoch=True, logger=True, batch_size=len(rb))
         return {"rollout": rb}
@@ -424,7 +439,7 @@ class ToolRouterModule(pl.LightningModule):
         actor_opt, _ = self._optimizers()
         gen = rb.metrics.get("timing/generation_s", 0.0) + rb.metrics.get("timing/scoring_s", 0.0)
         t_total = t_train + gen
-        metrics = {**metrics, **rollout_metrics(rb), **rb.metrics}
+        metrics = {**metrics, **all_rank_rollout_metrics(rb), **rb.metrics}
         metrics.update(
             {
                 "timing/training_s": t_train,

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from src.rollout.engines.sharding import generate_kwargs_under_sharding
 from src.rollout.engines.hf_sampling import SampledLogProbs
 from src.rollout.engines.logprobs import sampling_log_probs
 from src.rollout.engines.types import Completions, SamplingParams, left_pad, mask_after_stop
@@ -147,7 +148,10 @@ class HFGenerateEngine:
             if not greedy and s.logprobs_from == "scores"
             else None
         )
-        kwargs = self._generate_kwargs(sampling, stop, recorder)
+        kwargs = {
+            **self._generate_kwargs(sampling, stop, recorder),
+            **generate_kwargs_under_sharding(self.model),
+        }
         # greedy copies are identical: decode each prompt once and repeat it
         n = 1 if greedy else sampling.n
         if n > 1 and s.share_prefill and s.cache_implementation == "dynamic" and ids.shape[1] > 1:
