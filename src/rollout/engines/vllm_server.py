@@ -105,9 +105,11 @@ def server_command(python: str, model_path: str, settings: VLLMSettings, dtype: 
     argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path]
     argv += ["--host", "127.0.0.1", "--port", str(port)]
     for key, value in engine_kwargs(settings, dtype, enable_sleep_mode=False).items():
-        flag = "--" + key.replace("_", "-")
-        if isinstance(value, bool):
-            argv += [flag] if value else ([f"--no-{key.replace('_', '-')}"] if key == "enable_prefix_caching" else [])
-        else:
-            argv += [flag, str(value)]
+        flag = key.replace("_", "-")
+        if value is True:
+            argv.append(f"--{flag}")
+        elif value is False and key == "enable_prefix_caching":  # on by default in vLLM
+            argv.append(f"--no-{flag}")
+        elif value is not False:
+            argv += [f"--{flag}", str(value)]
     return argv
