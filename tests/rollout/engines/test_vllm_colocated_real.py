@@ -54,7 +54,7 @@ def _greedy(engine, prompts, tok):
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_sampling_log_probs_equal_the_trainers(setup, temperature):
-    model, tok, engine, prompts = setup
+    model, _, engine, prompts = setup
     # no min_new_tokens: it takes the stop tokens out of the sampling distribution (vLLM's processed
     # log-probs renormalise without them), which the trainer's log-probs do not
     sampling = SamplingParams(n=4, temperature=temperature, max_new_tokens=16)
