@@ -22,11 +22,11 @@ from src.algorithms.aggregation import aggregate
 from src.algorithms.loss_module import advantage_fn, build_loss_module
 from src.algorithms.losses import KL_ESTIMATORS, router_loss, token_log_probs_and_entropy
 from src.algorithms.rollout_correction import logprob_abs_diff, rollout_is_weights
-from src.models.step_stats import add_stat
 from src.algorithms.schedules import linear_decay
 from src.config.schema import AlgorithmConfig, OptimConfig, RouterHeadConfig
 from src.models.loading import decoder_of
 from src.models.shared_prefix import prompt_groups, response_logits
+from src.models.step_stats import add_stat
 from src.rollout.batch import PromptBatch, RolloutBatch
 from src.rollout.metrics import non_finite, rollout_metrics
 from src.router.head import RouterHead, RouterOutput
