@@ -249,3 +249,19 @@ def test_colocated_engine_without_sleep_mode_stays_awake(monkeypatch, tiny, capl
     engine.update_weights(model.state_dict())
     assert "sleep" not in [c[0] for c in calls] and "wake_up" not in [c[0] for c in calls]
     assert [c[0] for c in calls][-2:] == ["collective_rpc", "reset_prefix_cache"]
+
+
+def test_only_engines_holding_a_weight_copy_need_a_sync(monkeypatch, tiny, tmp_path, fake_server):
+    from src.rollout.engines.build import build_hf_engine
+
+    model, tok = tiny
+    hf = build_hf_engine(model, tok)
+    assert hf.needs_weight_sync is False
+    hf.sleep(), hf.wake()  # no-ops: the trainer's own module
+    _install_fake_vllm(monkeypatch, [])
+    assert make_engine(_rollout_cfg(), _Tok(), model, "/models/x").needs_weight_sync is True
+    url, _ = fake_server
+    server = make_engine(
+        _rollout_cfg(mode="server", server_url=url, sync_dir=str(tmp_path)), _Tok(), model, "m"
+    )
+    assert server.needs_weight_sync is True
