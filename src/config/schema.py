@@ -27,6 +27,10 @@ class AlgorithmConfig:
     # recompute: one no-grad pass (exact) when several PPO epochs/minibatches need old log-probs;
     # rollout: the engine's own sampling log-probs (rb.rollout_log_probs), no extra pass
     old_log_prob_source: str = "recompute"
+    # truncated importance sampling of the policy loss by min(pi_train / pi_rollout, cap) against the
+    # engine's sampling log-probs (src/algorithms/rollout_correction.py): token | sequence | null (off)
+    rollout_is: str | None = None
+    rollout_is_cap: float = 2.0
     # sampling temperature of rows without their own (RolloutBatch.temperatures); null = filled by
     # the builder from sampling.temperature
     temperature: float | None = None

@@ -102,6 +102,9 @@ def _algorithm(cfg: DictConfig) -> list[str]:
         {"algorithm.optim.weight_decay": o.weight_decay, "algorithm.optim.warmup_steps": o.warmup_steps},
         strict=False,
     )
+    if a.rollout_is is not None:
+        problems += one_of("algorithm.rollout_is", a.rollout_is, ("token", "sequence"))
+        problems += positive({"algorithm.rollout_is_cap": a.rollout_is_cap})
     for i, beta in enumerate(o.betas):
         problems += in_range(f"algorithm.optim.betas[{i}]", beta, 0.0, 1.0, high_open=True)
     if a.adv_estimator == "rlvcr":
@@ -124,7 +127,7 @@ def _rollout(cfg: DictConfig) -> list[str]:
         problems.append(f"rollout.engines.{r.engine}: no _target_ to build the engine with")
     if r.engine == "vllm" and importlib.util.find_spec("vllm") is None:
         problems.append(
-            'rollout.engine=vllm: vLLM is not installed; install the extra: pip install -e ".[vllm]" (CUDA only)'
+            'rollout.engine=vllm: vLLM is not installed; install it: make vllm-env (CPU) or pip install -e ".[vllm]" (GPU); see the README'
         )
     return problems
 

@@ -23,10 +23,12 @@ from src.algorithms.aggregation import aggregate
 from src.algorithms.lagrange import DualSettings
 from src.algorithms.loss_module import build_loss_module
 from src.algorithms.losses import KL_ESTIMATORS, token_log_probs_and_entropy
+from src.algorithms.rollout_correction import logprob_abs_diff, rollout_is_weights
 from src.config.schema import AlgorithmConfig, OptimConfig, RouterHeadConfig
 from src.models.router_policy import RouterPolicy, lambda_window_step
 from src.models.sharding import fully_shard_policy
 from src.models.shared_prefix import prompt_groups, response_logits
+from src.models.step_stats import add_stat
 from src.rollout.batch import PromptBatch, RolloutBatch
 from src.rollout.metrics import non_finite
 from src.rollout.rank_metrics import all_rank_rollout_metrics
@@ -385,7 +387,7 @@ class ToolRouterModule(pl.LightningModule):
             with step_ctx:
                 actor_opt.step()
             for k, v in parts.items():
-                sums[k] = sums.get(k, 0.0) + v / len(chunks)
+                add_stat(sums, k, v, 1 / len(chunks))
         return sums
 
     def _minibatch_backward(self, rb, chunk, inputs: LossInputs, extra_loss) -> dict[str, float]:
@@ -404,7 +406,7 @@ class ToolRouterModule(pl.LightningModule):
                 loss, extra_loss = loss + extra_loss, None
             self.manual_backward(loss)
             for k, v in parts.items():
-                stats[k] = stats.get(k, 0.0) + float(v)
+                add_stat(stats, k, float(v))
         return stats
 
     def _micro_loss(self, rb, micro, inputs: LossInputs, norm, token_norm):
@@ -418,7 +420,10 @@ class ToolRouterModule(pl.LightningModule):
         )
         old = logp.detach() if inputs.old_log_probs is None else inputs.old_log_probs[micro]
         out = lm.policy_loss(logp, old, inputs.advantages[micro], mask)
-        pg = lm.aggregate(out.loss, mask, norm)
+        rollout_lp = rb.rollout_log_probs[micro].to(self.device)  # the engine's, same tokens
+        is_w = rollout_is_weights(algo.rollout_is, old, rollout_lp, mask, algo.rollout_is_cap)
+        pg = lm.aggregate(out.loss if is_w is None else out.loss * is_w, mask, norm)
+        diff_sum, diff_max, _ = logprob_abs_diff(old, rollout_lp, mask)
         entropy = lm.aggregate(ent, mask, norm)
         loss = pg - algo.entropy_coeff * entropy
         parts = {
@@ -426,7 +431,11 @@ class ToolRouterModule(pl.LightningModule):
             "train/entropy": entropy.detach(),
             "train/pg_clipfrac": aggregate(out.clipped, mask, "token-mean", token_norm),
             "train/ratio_mean": aggregate(out.ratio, mask, "token-mean", token_norm),
+            "rollout/logprob_abs_diff_mean": diff_sum / token_norm,
+            "rollout/logprob_abs_diff_max": diff_max,
         }
+        if is_w is not None:
+            parts["rollout/is_weight_mean"] = aggregate(is_w, mask, "token-mean", token_norm)
         if inputs.ref_log_probs is not None:
             kl = lm.aggregate(
                 KL_ESTIMATORS.get(algo.kl_estimator)(logp, inputs.ref_log_probs[micro]), mask, norm

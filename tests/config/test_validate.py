@@ -45,6 +45,7 @@ def keys(found: list[str]) -> list[str]:
         ("algorithm.micro_batch_size=0", "algorithm.micro_batch_size"),
         ("algorithm.kl_coef=-1", "algorithm.kl_coef"),
         ("algorithm.optim.betas=[0.9,1.0]", "algorithm.optim.betas[1]"),
+        ("algorithm.rollout_is=tokens", "algorithm.rollout_is"),
         ("trainer.save_freq=0", "trainer.save_freq"),
         ("data.max_prompt_length=0", "data.max_prompt_length"),
         ("data.synthetic.n_train=0", "data.synthetic.n_train"),
@@ -63,6 +64,12 @@ def test_group_advantages_need_two_generations(estimator):
     found = problems("sampling.n_generations_per_prompt=1", f"algorithm.adv_estimator={estimator}")
     assert keys(found) == ["sampling.n_generations_per_prompt"]
     assert estimator in found[0]
+
+
+def test_rollout_is_cap_must_be_positive():
+    found = problems("algorithm.rollout_is=sequence", "algorithm.rollout_is_cap=0")
+    assert keys(found) == ["algorithm.rollout_is_cap"]
+    assert problems("algorithm.rollout_is=token", "algorithm.rollout_is_cap=3") == []
 
 
 def test_prompts_split_evenly_over_devices():

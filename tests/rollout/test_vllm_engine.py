@@ -1,7 +1,7 @@
-"""vLLM engines against a fake ``vllm`` module (calls recorded) and a fake OpenAI-compatible server;
-the real-vLLM test runs only where vLLM and CUDA are installed."""
+"""vLLM engines against a fake ``vllm`` module (calls recorded) and a fake OpenAI-compatible server:
+the order of sleep / wake / push / reset and what crosses the wire. The same engines against a real
+vLLM: tests/rollout/engines (the vLLM venv, ``make test-vllm``)."""
 
-import importlib.util
 import json
 import sys
 import threading
@@ -16,8 +16,6 @@ from src.rollout.engines.build import check_engine_available, make_engine
 from src.rollout.engines.types import SamplingParams
 from src.rollout.engines.vllm_common import VLLMSettings, require_vllm
 from src.rollout.engines.weights import lora_scaling_of, merged_weights
-
-HAS_VLLM = importlib.util.find_spec("vllm") is not None
 
 
 # ------------------------------------------------------------------------------------------ fake vllm
@@ -47,7 +45,10 @@ def _fake_vllm(calls: list):
             calls.append(("reset_prefix_cache",))
 
         def collective_rpc(self, method, args=()):
-            calls.append(("collective_rpc", method, dict(args[0])))
+            from safetensors.torch import load
+
+            assert isinstance(args[0], bytes)  # msgpack would turn tensors into lists
+            calls.append(("collective_rpc", method, load(args[0])))
 
         def generate(self, prompts, params, use_tqdm=False):
             calls.append(("generate", len(prompts), params.kw))
@@ -66,6 +67,13 @@ def _fake_vllm(calls: list):
 
     mod.LLM, mod.SamplingParams = LLM, SamplingParams
     return mod
+
+
+def _install_fake_vllm(monkeypatch, calls: list, sleep_supported: bool = True):
+    platforms = types.ModuleType("vllm.platforms")
+    platforms.current_platform = types.SimpleNamespace(is_sleep_mode_available=lambda: sleep_supported)
+    monkeypatch.setitem(sys.modules, "vllm", _fake_vllm(calls))
+    monkeypatch.setitem(sys.modules, "vllm.platforms", platforms)
 
 
 def _rollout_cfg(**vllm):
@@ -95,10 +103,11 @@ def test_rollout_vllm_without_vllm_fails_naming_the_extra(monkeypatch):
 def test_colocated_engine_sleeps_wakes_pushes_and_resets_in_order(monkeypatch, tiny):
     model, _ = tiny
     calls: list = []
-    monkeypatch.setitem(sys.modules, "vllm", _fake_vllm(calls))
+    _install_fake_vllm(monkeypatch, calls)
     engine = make_engine(_rollout_cfg(), _Tok(), model, "/models/x")
     init = calls[0][1]
     assert init["enable_sleep_mode"] and init["logprobs_mode"] == "processed_logprobs"
+    assert init["dtype"] == "float32"  # the trainer's
     assert init["worker_extension_cls"] == "src.rollout.engines.vllm_worker.WeightSyncExtension"
     # built asleep, then the trainer's current weights pushed (a resumed run's checkpoint)
     assert [c[0] for c in calls[1:]] == ["sleep", "wake_up", "collective_rpc", "reset_prefix_cache"]
@@ -141,7 +150,7 @@ def test_colocated_engine_pushes_merged_lora_names(monkeypatch, tiny_model_dir):
     from src.models.loading import LoraSettings, load_causal_lm
 
     calls: list = []
-    monkeypatch.setitem(sys.modules, "vllm", _fake_vllm(calls))
+    _install_fake_vllm(monkeypatch, calls)
     lora = load_causal_lm(tiny_model_dir, lora=LoraSettings(enable=True, r=4, alpha=8))
     make_engine(_rollout_cfg(), _Tok(), lora, "/models/x")
     pushed = next(c[2] for c in calls if c[0] == "collective_rpc")
@@ -228,26 +237,31 @@ def test_server_mode_needs_a_sync_dir():
         VLLMSettings(mode="server")
 
 
-# ------------------------------------------------------------------------------------------ real vLLM
-@pytest.mark.gpu
-@pytest.mark.skipif(not HAS_VLLM, reason='vLLM not installed (pip install -e ".[vllm]", CUDA only)')
-def test_real_vllm_colocated_push_changes_the_samples(tiny_model_dir, tiny):
-    if not torch.cuda.is_available():
-        pytest.skip("vLLM needs CUDA")
-    from src.rollout.engines.vllm_colocated import VLLMEngine
+def test_colocated_engine_without_sleep_mode_stays_awake(monkeypatch, tiny, caplog):
+    model, _ = tiny
+    calls: list = []
+    _install_fake_vllm(monkeypatch, calls, sleep_supported=False)
+    with caplog.at_level("INFO", logger="src.rollout.engines.vllm_colocated"):
+        engine = make_engine(_rollout_cfg(), _Tok(), model, "/models/x")
+    assert not calls[0][1]["enable_sleep_mode"] and not engine.sleeps
+    assert sum("sleep mode is not supported" in r.message for r in caplog.records) == 1
+    engine.generate([[5]], SamplingParams(n=1, max_new_tokens=2))
+    engine.update_weights(model.state_dict())
+    assert "sleep" not in [c[0] for c in calls] and "wake_up" not in [c[0] for c in calls]
+    assert [c[0] for c in calls][-2:] == ["collective_rpc", "reset_prefix_cache"]
+
+
+def test_only_engines_holding_a_weight_copy_need_a_sync(monkeypatch, tiny, tmp_path, fake_server):
+    from src.rollout.engines.build import build_hf_engine
 
     model, tok = tiny
-    engine = VLLMEngine(
-        str(tiny_model_dir), VLLMSettings(dtype="float32", max_model_len=512), tok.pad_token_id
+    hf = build_hf_engine(model, tok)
+    assert hf.needs_weight_sync is False
+    hf.sleep(), hf.wake()  # no-ops: the trainer's own module
+    _install_fake_vllm(monkeypatch, [])
+    assert make_engine(_rollout_cfg(), _Tok(), model, "/models/x").needs_weight_sync is True
+    url, _ = fake_server
+    server = make_engine(
+        _rollout_cfg(mode="server", server_url=url, sync_dir=str(tmp_path)), _Tok(), model, "m"
     )
-    prompt = [tok("route me", add_special_tokens=False)["input_ids"]]
-    greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=6)
-    before = engine.generate(prompt, greedy).token_lists()
-    engine.update_weights(
-        {
-            k: torch.zeros_like(v) if "lm_head" in k or "embed" in k else v
-            for k, v in model.state_dict().items()
-        }
-    )
-    after = engine.generate(prompt, greedy).token_lists()
-    assert before != after
+    assert server.needs_weight_sync is True

@@ -28,7 +28,8 @@ def build_vllm_engine(actor, tokenizer, model_path: Path, **settings):
     else:
         from src.rollout.engines.vllm_colocated import VLLMEngine
 
-        engine = VLLMEngine(str(model_path), config, tokenizer.pad_token_id, scaling)
+        dtype = str(next(actor.parameters()).dtype).removeprefix("torch.")
+        engine = VLLMEngine(str(model_path), config, tokenizer.pad_token_id, scaling, dtype=dtype)
     engine.update_weights({k: v.detach() for k, v in actor.state_dict().items()})
     return engine
 

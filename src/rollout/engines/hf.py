@@ -81,8 +81,16 @@ class HFGenerateEngine:
         self.eos_token_ids = list(eos_token_ids)
         self.settings = settings or HFEngineSettings(micro_batch_size=micro_batch_size)
 
+    needs_weight_sync = False  # it generates with the training module itself
+
     def update_weights(self, state_dict=None) -> None:
         """The engine generates with the training module itself, so it is always current."""
+
+    def sleep(self) -> None:
+        """Nothing to release: the weights are the trainer's."""
+
+    def wake(self) -> None:
+        """Nothing to restore."""
 
     @torch.no_grad()
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingParams) -> Completions:

@@ -40,7 +40,7 @@ class Completions:
     @classmethod
     def from_token_lists(
         cls, seqs: list[list[int]], pad_id: int, log_probs: list[list[float]] | None = None
-    ) -> "Completions":
+    ) -> Completions:
         """Right-pad token lists (and their log-probs, 0 where absent) into a Completions."""
         width = max([len(s) for s in seqs] + [1])
         ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
@@ -59,14 +59,22 @@ class Completions:
 
 @runtime_checkable
 class RolloutEngine(Protocol):
-    # True when the engine holds its own copy of the weights (vLLM): the rollout pipeline then
-    # calls ``update_weights(state_dict)`` after every optimizer step and at fit start / resume.
+    """``needs_weight_sync``: True when the engine holds its own copy of the weights (vLLM), so the
+    trainer must call ``update_weights`` after each optimizer step and after a resume; False when it
+    samples with the training module itself (HF)."""
+
     needs_weight_sync: bool
 
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingParams) -> Completions: ...
 
     def update_weights(self, state_dict: dict[str, torch.Tensor] | None = None) -> None:
         """Make the engine sample from the trainer's current weights (after an optimizer step)."""
+
+    def sleep(self) -> None:
+        """Release the engine's accelerator memory while the trainer runs (a no-op where unsupported)."""
+
+    def wake(self) -> None:
+        """Take back what ``sleep`` released."""
 
 
 def left_pad(

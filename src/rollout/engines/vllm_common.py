@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import importlib
+import logging
 from dataclasses import dataclass
 
 from src.rollout.engines.types import Completions, SamplingParams
 
 VLLM_EXTRA_HINT = (
-    'rollout.engine=vllm needs vLLM: install the optional extra with pip install -e ".[vllm]" '
-    "(CUDA only; it brings its own torch release)"
+    'rollout.engine=vllm needs vLLM: install the optional extra with pip install -e ".[vllm]" on a GPU, '
+    "or run in the CPU test environment that `make vllm-env` builds (.venv-vllm; see the README)"
 )
 WORKER_EXTENSION = "src.rollout.engines.vllm_worker.WeightSyncExtension"
 MODES = ("colocated", "server")
+log = logging.getLogger(__name__)
 
 
 def require_vllm():
@@ -29,14 +32,18 @@ class VLLMSettings:
 
     mode: str = "colocated"
     gpu_memory_utilization: float = 0.4
-    dtype: str = "bfloat16"
+    dtype: str | None = None  # None: the trainer's own dtype (same weights, same precision)
     max_model_len: int = 4096
+    # used where the platform supports it (CUDA, ROCm, XPU); elsewhere (CPU) skipped, logged once
     enable_sleep_mode: bool = True
     sleep_level: int = 1
     enable_prefix_caching: bool = True
     server_url: str = "http://127.0.0.1:8000"
     sync_dir: str | None = None
     request_timeout_s: float = 600.0
+    # KV cache size in GiB; None: sized from gpu_memory_utilization (on CPU, from the host's RAM)
+    kv_cache_memory_gib: float | None = None
+    enforce_eager: bool = False  # no graph capture / compilation: faster start-up, slower decoding
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -47,6 +54,28 @@ class VLLMSettings:
             raise ValueError(
                 "rollout.engines.vllm.mode=server needs rollout.engines.vllm.sync_dir (a directory the server reads)"
             )
+
+
+def sleep_mode_supported() -> bool:
+    """Whether vLLM's sleep mode works on this platform (vLLM refuses it on CPU)."""
+    return bool(importlib.import_module("vllm.platforms").current_platform.is_sleep_mode_available())
+
+
+def engine_kwargs(settings: VLLMSettings, dtype: str, enable_sleep_mode: bool) -> dict:
+    """``vllm.LLM`` / ``vllm serve`` engine arguments of the settings (server: as ``--kebab-case``)."""
+    kw = dict(
+        dtype=dtype,
+        gpu_memory_utilization=settings.gpu_memory_utilization,
+        max_model_len=settings.max_model_len,
+        enable_sleep_mode=enable_sleep_mode,
+        enable_prefix_caching=settings.enable_prefix_caching,
+        enforce_eager=settings.enforce_eager,
+        logprobs_mode="processed_logprobs",
+        worker_extension_cls=WORKER_EXTENSION,
+    )
+    if settings.kv_cache_memory_gib is not None:
+        kw["kv_cache_memory_bytes"] = int(settings.kv_cache_memory_gib * 2**30)
+    return kw
 
 
 def sampling_kwargs(sampling: SamplingParams) -> dict:

@@ -3,9 +3,10 @@
 Generation: ``POST /v1/completions`` with token-id prompts, ``logprobs=0`` and
 ``return_tokens_as_token_ids`` (so tokens come back as ids). Weight sync after each step: the merged
 weights are written atomically as safetensors into ``sync_dir`` (a filesystem the server sees), the
-server's workers load them (``POST /collective_rpc`` -> ``WeightSyncExtension.load_weights_from_file``)
+server's workers reload them (``POST /collective_rpc`` -> ``WeightSyncExtension.load_weights_from_file``,
+vLLM's reload path)
 and ``POST /reset_prefix_cache`` drops KV blocks of the old weights. Both endpoints need the server
-started with ``VLLM_SERVER_DEV_MODE=1`` and ``--worker-extension-cls`` (see README, vLLM section).
+started with ``VLLM_SERVER_DEV_MODE=1`` and ``--worker-extension-cls`` (``server_command`` below; README).
 """
 
 from __future__ import annotations
@@ -19,15 +20,15 @@ from pathlib import Path
 import torch
 
 from src.rollout.engines.types import Completions, SamplingParams
-from src.rollout.engines.vllm_common import VLLMSettings, sampling_kwargs
-from src.rollout.engines.weights import merged_weights
+from src.rollout.engines.vllm_common import VLLMSettings, engine_kwargs, sampling_kwargs
+from src.rollout.engines.weights import merged_weights, safetensors_ready
 
 log = logging.getLogger(__name__)
 TOKEN_ID_PREFIX = "token_id:"
 
 
 class VLLMServerEngine:
-    needs_weight_sync = True  # holds its own copy: the pipeline pushes the actor's weights
+    needs_weight_sync = True  # the server holds its own copy of the weights
 
     def __init__(self, settings: VLLMSettings, model_name: str, pad_token_id: int = 0, lora_scaling=None):
         self.settings = settings
@@ -77,15 +78,15 @@ class VLLMServerEngine:
         sync_dir.mkdir(parents=True, exist_ok=True)
         path = sync_dir / "policy.safetensors"
         tmp = sync_dir / f".policy.{os.getpid()}.tmp"
-        tensors, seen = {}, set()
-        for k, v in weights.items():
-            v = v.detach().cpu().contiguous()
-            # tied weights (embeddings = lm_head) share storage, which safetensors refuses
-            tensors[k] = v.clone() if v.data_ptr() in seen else v
-            seen.add(v.data_ptr())
-        save_file(tensors, str(tmp))
+        save_file(safetensors_ready(weights), str(tmp))
         os.replace(tmp, path)  # the server never reads a half-written file
         return path
+
+    def sleep(self) -> None:
+        """The server manages its own memory."""
+
+    def wake(self) -> None:
+        """The server manages its own memory."""
 
     def update_weights(self, state_dict: dict[str, torch.Tensor] | None = None) -> None:
         if state_dict is None:
@@ -94,3 +95,21 @@ class VLLMServerEngine:
         self._post("/collective_rpc", {"method": "load_weights_from_file", "args": [str(path.resolve())]})
         self._post("/reset_prefix_cache")
         self.pushes += 1
+
+
+def server_command(python: str, model_path: str, settings: VLLMSettings, dtype: str, port: int) -> list[str]:
+    """argv of an OpenAI-compatible vLLM server this engine can drive (on 127.0.0.1 only); run it with
+    ``VLLM_SERVER_DEV_MODE=1`` in its environment (``/collective_rpc`` and ``/reset_prefix_cache``).
+    ``python -m vllm.entrypoints.openai.api_server``: the ``vllm`` console script is not installed by
+    every build (the CPU wheel's fails on its own package name)."""
+    argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path]
+    argv += ["--host", "127.0.0.1", "--port", str(port)]
+    for key, value in engine_kwargs(settings, dtype, enable_sleep_mode=False).items():
+        flag = key.replace("_", "-")
+        if value is True:
+            argv.append(f"--{flag}")
+        elif value is False and key == "enable_prefix_caching":  # on by default in vLLM
+            argv.append(f"--no-{flag}")
+        elif value is not False:
+            argv += [f"--{flag}", str(value)]
+    return argv

@@ -1,25 +1,30 @@
 """Weight loading inside vLLM's workers (``worker_extension_cls``): vLLM mixes this class into its
 worker, and ``collective_rpc(<method>)`` (Python) or ``POST /collective_rpc`` (server, dev mode) runs
-a method on every worker. Loading goes through the model's own ``load_weights``, which maps Hugging
-Face names onto vLLM's fused, sharded parameters. Imports nothing of vLLM or of the trainer."""
+a method on every worker. Imports nothing of vLLM or of the trainer.
+
+Tensors arrive serialised (safetensors bytes, or a safetensors file in server mode): RPC arguments
+travel through msgpack, which turns a tensor into a list. Loading goes through the worker's
+``reload_weights(..., is_checkpoint_format=True)``: vLLM repacks weights after its first load (fused,
+sharded, kernel layouts), so the model's plain ``load_weights`` cannot take Hugging Face tensors
+again; the reload path restores the checkpoint layout, loads, and repacks.
+"""
 
 from __future__ import annotations
 
-import torch
-
 
 class WeightSyncExtension:
-    def _load(self, named_tensors) -> None:
-        model = self.model_runner.model
-        device = next(model.parameters()).device
-        model.load_weights(weights=((name, t.to(device)) for name, t in named_tensors))
+    def _reload(self, named_tensors: dict) -> int:
+        self.reload_weights(weights_iterator=iter(named_tensors.items()), is_checkpoint_format=True)
+        return len(named_tensors)
 
-    def load_pushed_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
-        """Colocated mode: the trainer's tensors, sent through vLLM's RPC."""
-        self._load(named_tensors)
+    def load_pushed_weights(self, payload: bytes) -> int:
+        """Colocated mode: the trainer's tensors as safetensors bytes. -> number of tensors loaded."""
+        from safetensors.torch import load
 
-    def load_weights_from_file(self, path: str) -> None:
+        return self._reload(load(payload))
+
+    def load_weights_from_file(self, path: str) -> int:
         """Server mode: a safetensors file the trainer wrote to the shared sync directory."""
         from safetensors.torch import load_file
 
-        self._load(load_file(path).items())
+        return self._reload(load_file(path))

@@ -61,3 +61,21 @@ def merged_weights(
         delta = (ab["B"].float() @ ab["A"].float()) * lora_scaling
         plain[f"{module}.weight"] = (base.float() + delta).to(base.dtype)
     return plain
+
+
+def safetensors_ready(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Detached, contiguous CPU tensors that safetensors accepts: tied weights (embeddings = lm_head)
+    share storage, which it refuses, so a second name for the same storage gets its own copy."""
+    tensors, seen = {}, set()
+    for k, v in weights.items():
+        v = v.detach().cpu().contiguous()
+        tensors[k] = v.clone() if v.data_ptr() in seen else v
+        seen.add(v.data_ptr())
+    return tensors
+
+
+def weights_to_bytes(weights: dict[str, torch.Tensor]) -> bytes:
+    """{name: tensor} -> safetensors bytes: what crosses vLLM's RPC (msgpack turns tensors into lists)."""
+    from safetensors.torch import save
+
+    return save(safetensors_ready(weights))
