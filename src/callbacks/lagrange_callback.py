@@ -1,4 +1,5 @@
-"""λ update: every K steps, λ ← max(0, λ + η·(Ê[cost] − B)) from the costs seen since the last update."""
+"""λ update: every K steps, the configured controller (``src.algorithms.dual_update``: plain dual
+ascent or PID) moves λ from the mean cost seen since the last update."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-from src.algorithms.lagrange import lagrange_update
+from src.algorithms.dual_update import DualGains, dual_step, init_dual_state, DualState
 from src.callbacks.rollout_logger import step_rollout
 
 log = logging.getLogger(__name__)
@@ -22,9 +23,19 @@ class LagrangeCallback(pl.Callback):
     uninterrupted one.
     """
 
-    def __init__(self, budget: float, lr: float, every_k_steps: int = 1, lambda_max: float | None = None):
+    def __init__(
+        self,
+        budget: float,
+        lr: float,
+        every_k_steps: int = 1,
+        lambda_max: float | None = None,
+        update: str = "gradient",
+        gains: DualGains | None = None,
+    ):
         self.budget, self.lr, self.every = float(budget), float(lr), max(int(every_k_steps), 1)
-        self.lambda_max = lambda_max
+        self.update = update
+        self.gains = gains or DualGains(ki=self.lr, lambda_max=lambda_max)
+        self.dual: DualState | None = None  # the controller's memory; starts from the module's λ
         self.cost_sum = self.reward_sum = 0.0
         self.count = 0
         self.steps = 0
@@ -50,13 +61,17 @@ class LagrangeCallback(pl.Callback):
         )
         self.cost_sum, self.reward_sum, self.count = float(totals[0]), float(totals[1]), int(totals[2])
         mean_cost = self.cost_sum / max(self.count, 1)
-        lam = lagrange_update(float(pl_module.lagrange_lambda), mean_cost, self.budget, self.lr)
-        if self.lambda_max is not None:
-            lam = min(lam, self.lambda_max)
+        if self.dual is None:
+            self.dual = init_dual_state(float(pl_module.lagrange_lambda))
+        self.dual = dual_step(self.update, self.dual, mean_cost, self.budget, self.gains)
+        lam = self.dual.lam
         pl_module.lagrange_lambda.fill_(lam)
         pl_module.log_dict(
             {
                 "train/lambda_next": lam,
+                "train/lambda_p": self.dual.p,
+                "train/lambda_i": self.dual.integral,
+                "train/lambda_d": self.dual.d,
                 "train/cost_window_mean": mean_cost,
                 "train/reward_task_window_mean": self.reward_sum / max(self.count, 1),
             },
@@ -72,7 +87,10 @@ class LagrangeCallback(pl.Callback):
             "reward_sum": self.reward_sum,
             "count": self.count,
             "steps": self.steps,
+            "dual": None if self.dual is None else self.dual.state_dict(),
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.__dict__.update({k: state_dict[k] for k in ("cost_sum", "reward_sum", "count", "steps")})
+        dual = state_dict["dual"]
+        self.dual = None if dual is None else DualState.from_state_dict(dual)

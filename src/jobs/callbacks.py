@@ -13,7 +13,6 @@ from src.jobs.build import build_collector_factory
 
 def build_rl_callbacks(cfg: DictConfig, tokenizer, path: Path, datamodule=None) -> list[pl.Callback]:
     """In hook order: curriculum (fills the batch), rollout (collects), replay (draws), logs, λ."""
-    from src.callbacks.lagrange_callback import LagrangeCallback
     from src.callbacks.rollout import RolloutCallback
     from src.callbacks.rollout_logger import RolloutLogger
     from src.rollout.factory import eval_sampling_from
@@ -35,10 +34,23 @@ def build_rl_callbacks(cfg: DictConfig, tokenizer, path: Path, datamodule=None) 
     if cfg.router.enable:
         from src.callbacks.route_confusion import RouteConfusionLogger
 
-        callbacks.append(
-            LagrangeCallback(
-                cfg.router.budget, cfg.router.lambda_lr, cfg.router.lambda_every_k, cfg.router.lambda_max
-            )
-        )
+        callbacks.append(build_lagrange_callback(cfg.router))
         callbacks.append(RouteConfusionLogger(cfg.trainer.val_check_interval or 50))
     return callbacks
+
+
+def build_lagrange_callback(router) -> pl.Callback:
+    """The λ callback with the ``router.lambda_update`` controller and its gains (``lambda_lr`` = k_i)."""
+    from src.algorithms.dual_update import DualGains
+    from src.callbacks.lagrange_callback import LagrangeCallback
+
+    gains = DualGains(
+        ki=router.lambda_lr,
+        kp=router.lambda_kp,
+        kd=router.lambda_kd,
+        cost_ema=router.lambda_cost_ema,
+        lambda_max=router.lambda_max,
+    )
+    return LagrangeCallback(
+        router.budget, router.lambda_lr, router.lambda_every_k, router.lambda_max, router.lambda_update, gains
+    )
