@@ -32,7 +32,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--p-calculate", type=float, default=0.35)
     parser.add_argument("--p-answer", type=float, default=0.3)
     parser.add_argument(
-        "--low-gain", type=float, default=0.0, help="share of tool rows that are vague requests (tools pay little)"
+        "--low-gain",
+        type=float,
+        default=0.0,
+        help="share of tool rows that are vague requests (tools pay little)",
     )
     parser.add_argument("--data-source", default="rlla")
     parser.add_argument("--min-tools", type=int, default=4)

@@ -422,3 +422,30 @@ def test_lagrange_callback_is_lagrange_update_on_window_means_and_resumes_exactl
     restored = _FakeModule()
     restored.lagrange_lambda.fill_(float(module.lagrange_lambda))
     assert _feed(resumed, restored, costs[7:], start=7) == got[7:]
+
+
+def test_lagrange_callback_runs_the_pid_controller_and_resumes_it_exactly():
+    from src.algorithms.dual_update import DualGains, dual_step, init_dual_state
+
+    g = torch.Generator().manual_seed(1)
+    costs = [torch.rand(int(torch.randint(3, 9, (1,), generator=g)), generator=g) for _ in range(12)]
+    gains = DualGains(ki=0.3, kp=1.5, kd=2.0, cost_ema=0.6)
+    make = lambda: LagrangeCallback(0.3, 0.3, every_k_steps=2, update="pid", gains=gains)
+    got = _feed(make(), _FakeModule(), costs)
+    state, expected, window = init_dual_state(0.0), [], []
+    for step, cost in enumerate(costs):
+        window.append(cost)
+        if (step + 1) % 2 == 0:
+            state = dual_step("pid", state, float(torch.cat(window).mean()), 0.3, gains)
+            window = []
+        expected.append(state.lam)
+    assert got == pytest.approx(expected, abs=1e-6)
+    assert got != _feed(LagrangeCallback(0.3, 0.3, every_k_steps=2), _FakeModule(), costs)
+
+    first, module = make(), _FakeModule()
+    _feed(first, module, costs[:5])
+    resumed = make()
+    resumed.load_state_dict(copy.deepcopy(first.state_dict()))
+    restored = _FakeModule()
+    restored.lagrange_lambda.fill_(float(module.lagrange_lambda))
+    assert _feed(resumed, restored, costs[5:], start=5) == got[5:]

@@ -9,7 +9,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-from src.algorithms.dual_update import DualGains, dual_step, init_dual_state, DualState
+from src.algorithms.dual_update import DualGains, DualState, dual_step, init_dual_state
 from src.callbacks.rollout_logger import step_rollout
 
 log = logging.getLogger(__name__)

@@ -205,9 +205,7 @@ def _pick_tools(
             # leave room for one 1-parameter tool per slot still to fill
             left = 2 * _PER_FAMILY - len(tools) - 1
             fits = [
-                t
-                for t in _FAMILY_TOOLS[family]
-                if t not in tools and _fits([*tools, t], left, max_params)
+                t for t in _FAMILY_TOOLS[family] if t not in tools and _fits([*tools, t], left, max_params)
             ]
             tools.append(rng.choice(fits))
     others = [t for t in _FAMILY_TOOLS["other"] if _fits([*tools, t], 0, max_params)]

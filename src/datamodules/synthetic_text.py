@@ -26,18 +26,64 @@ REQUEST_CLASSES = ("exact", "vague", "answer")
 SPLITS = ("train", "test")
 _R = random.Random
 
-_CITIES = (
-    "Paris Tokyo Oslo Cairo Lima Berlin Madrid Toronto Sydney Nairobi Seoul Dublin Chicago Mumbai "
-    "Lisbon Prague Denver Vienna Bangkok Boston Rome Athens Lagos Quito Hanoi Zurich Miami Dallas "
-    "Perth Accra Tunis Bogota"
-).split()
+_CITIES = [
+    "Paris",
+    "Tokyo",
+    "Oslo",
+    "Cairo",
+    "Lima",
+    "Berlin",
+    "Madrid",
+    "Toronto",
+    "Sydney",
+    "Nairobi",
+    "Seoul",
+    "Dublin",
+    "Chicago",
+    "Mumbai",
+    "Lisbon",
+    "Prague",
+    "Denver",
+    "Vienna",
+    "Bangkok",
+    "Boston",
+    "Rome",
+    "Athens",
+    "Lagos",
+    "Quito",
+    "Hanoi",
+    "Zurich",
+    "Miami",
+    "Dallas",
+    "Perth",
+    "Accra",
+    "Tunis",
+    "Bogota",
+]
 _TOPICS = [
     "electric cars", "the stock market", "space exploration", "climate policy", "the Olympics",
     "artificial intelligence", "housing prices", "renewable energy", "the World Cup", "vaccines",
     "cryptocurrency", "video games", "the film festival", "public transport", "solar panels",
     "ocean plastic", "wildfires", "the elections", "coffee prices", "robotics",
 ]  # fmt: skip
-_SYMBOLS = "AAPL MSFT TSLA AMZN NVDA GOOG META IBM INTC NFLX ORCL SAP ADBE UBER SHOP AMD".split()
+_SYMBOLS = [
+    "AAPL",
+    "MSFT",
+    "TSLA",
+    "AMZN",
+    "NVDA",
+    "GOOG",
+    "META",
+    "IBM",
+    "INTC",
+    "NFLX",
+    "ORCL",
+    "SAP",
+    "ADBE",
+    "UBER",
+    "SHOP",
+    "AMD",
+]
 _TITLES = [
     "Photosynthesis", "The Roman Empire", "Marie Curie", "Black holes", "The Great Wall",
     "Plate tectonics", "Jazz", "The printing press", "Volcanoes", "Ada Lovelace", "The Amazon River",
@@ -49,16 +95,16 @@ _QUERIES = [
     "museums in {city}", "how to learn {lang}", "{lang} tutorial for beginners", "used bikes in {city}",
     "{lang} books", "jobs in {city}", "hotels in {city}",
 ]  # fmt: skip
-_LANGS = "Python Spanish guitar chess Rust painting French SQL piano yoga".split()
+_LANGS = ["Python", "Spanish", "guitar", "chess", "Rust", "painting", "French", "SQL", "piano", "yoga"]
 _UNITS = [
     ("km", "miles"), ("miles", "km"), ("kg", "pounds"), ("pounds", "kg"), ("celsius", "fahrenheit"),
     ("meters", "feet"), ("liters", "gallons"), ("inches", "cm"), ("feet", "meters"), ("grams", "ounces"),
 ]  # fmt: skip
-_CURRENCIES = "USD EUR GBP JPY CAD CHF AUD INR".split()
-_NAMES = "Alex Sam Maria Ken Priya Omar Lena Tom Yuki Ana Ben Zoe".split()
-_ANIMALS = "cats dogs penguins owls frogs horses bees whales".split()
-_THINGS = "autumn the sea coffee mountains friendship rain music the city".split()
-_WORDS = "happy fast bright quiet cold tall early soft".split()
+_CURRENCIES = ["USD", "EUR", "GBP", "JPY", "CAD", "CHF", "AUD", "INR"]
+_NAMES = ["Alex", "Sam", "Maria", "Ken", "Priya", "Omar", "Lena", "Tom", "Yuki", "Ana", "Ben", "Zoe"]
+_ANIMALS = ["cats", "dogs", "penguins", "owls", "frogs", "horses", "bees", "whales"]
+_THINGS = ["autumn", "the", "sea", "coffee", "mountains", "friendship", "rain", "music", "the", "city"]
+_WORDS = ["happy", "fast", "bright", "quiet", "cold", "tall", "early", "soft"]
 
 # exact templates per tool: {q} is the search tool's one argument, copied verbatim into the call
 _SEARCH_TEMPLATES = {
@@ -151,7 +197,12 @@ def _num(rng: _R, lo: int, hi: int) -> int | float:
 def _search_value(tool: str, rng: _R) -> str:
     if tool == "web_search":
         return rng.choice(_QUERIES).format(city=rng.choice(_CITIES), lang=rng.choice(_LANGS))
-    pools = {"news_lookup": _TOPICS, "weather_lookup": _CITIES, "stock_quote": _SYMBOLS, "wiki_lookup": _TITLES}
+    pools = {
+        "news_lookup": _TOPICS,
+        "weather_lookup": _CITIES,
+        "stock_quote": _SYMBOLS,
+        "wiki_lookup": _TITLES,
+    }
     return rng.choice(pools[tool])
 
 
@@ -269,4 +320,3 @@ def request_class(user_text: str) -> str:
         if head and head in low and (not tail or tail in low):
             return "answer"
     return "exact"
-

@@ -28,6 +28,7 @@ from src.models.shared_prefix import prompt_groups, response_logits
 from src.rollout.batch import PromptBatch, RolloutBatch
 from src.rollout.metrics import non_finite, rollout_metrics
 from src.router.head import RouterHead, RouterOutput
+from src.router.routing_eval import prompt_labels, routing_scalars
 
 log = logging.getLogger(__name__)
 
@@ -313,6 +314,10 @@ class ToolRouterModule(pl.LightningModule):
         """Logs the ``val/`` twins of the rollout scalars (rollouts from the RolloutCallback)."""
         rb = _attached_rollout(batch)
         metrics = rollout_metrics(rb, prefix="val")
+        if rb.router is not None:  # the router alone on these held-out prompts: greedy and sampled
+            r = rb.router
+            labels = prompt_labels(r.target, r.prompt_index, len(r.prompt_ids))
+            metrics.update(routing_scalars(self.router_logits(r.prompt_ids, r.prompt_mask), labels, "val"))
         self._warn_non_finite(metrics)
         self.log_dict(metrics, on_step=False, on_epoch=True, logger=True, batch_size=len(rb))
         return {"rollout": rb}
