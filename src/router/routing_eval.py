@@ -114,7 +114,7 @@ def calibrate_tool_threshold(probs: torch.Tensor, budget: float) -> float:
         raise ValueError(f"budget must be in [0, 1], got {budget}")
     if probs.ndim != 2 or probs.shape[0] == 0:
         raise ValueError(f"need a non-empty [N, 3] probability tensor, got {tuple(probs.shape)}")
-    p_tool = sorted((1.0 - probs[:, 0]).tolist(), reverse=True)
+    p_tool = sorted(_p_tool(probs).tolist(), reverse=True)
     k = math.floor(budget * len(p_tool) + 1e-9)  # prompts allowed a tool
     if k >= len(p_tool):
         return 0.0
@@ -127,7 +127,13 @@ def budget_routes(probs: torch.Tensor, threshold: float) -> torch.Tensor:
     if probs.ndim != 2 or probs.shape[1] != 3:
         raise ValueError(f"probs must be [N, 3], got {tuple(probs.shape)}")
     family = 1 + probs[:, 1:].argmax(dim=-1)
-    return torch.where((1.0 - probs[:, 0]) >= threshold, family, torch.zeros_like(family))
+    return torch.where(_p_tool(probs) >= threshold, family, torch.zeros_like(family))
+
+
+def _p_tool(probs: torch.Tensor) -> torch.Tensor:
+    """1 − p_answer in float64: the threshold lies one float64 step above a p_tool value, which a
+    float32 comparison would round back onto it (routing one prompt too many)."""
+    return 1.0 - probs[:, 0].to(torch.float64)
 
 
 def prompt_labels(target: torch.Tensor, prompt_index: torch.Tensor, n_prompts: int) -> list[str]:

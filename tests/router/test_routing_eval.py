@@ -91,8 +91,9 @@ def test_auc_is_pairwise_share(seed):
 
 
 @pytest.mark.parametrize("budget", [0.0, 0.1, 0.3, 0.5, 0.97, 1.0])
-def test_threshold_routes_at_most_budget_and_no_fewer_without_ties(budget):
-    probs, _ = _random(200, 5)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_threshold_routes_at_most_budget_and_no_fewer_without_ties(budget, dtype):
+    probs = _random(200, 5)[0].to(dtype)
     t = calibrate_tool_threshold(probs, budget)
     routes = budget_routes(probs, t)
     n_tool = int((routes != 0).sum())
