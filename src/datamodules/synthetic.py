@@ -162,6 +162,17 @@ def _answer_ground_truth(think: str, response: str) -> str:
     return f"<think> {think} </think>\n<response> {response} </response>"
 
 
+def _exact_maker(tool: str):
+    def make(rng: _R) -> tuple[str, dict[str, Any]]:
+        text, params, _ = make_request(rng, "exact", tool, "train")
+        return text, params
+
+    return make
+
+
+# tool name -> exact-request maker (training templates), for the two-call rows of synthetic_multi
+_REQUESTS = {t.name: _exact_maker(t.name) for t in _TOOL_LIST if t.family in ("search", "calculate")}
+
 # Short reasoning keeps generations short (the tiny model samples every token on CPU).
 _THINK = {
     "search": "A lookup: {tool}.",
