@@ -5,7 +5,7 @@ declare, or a value of the wrong type, fails when the config is composed, naming
 """
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Dict, List, Optional
 
 from src.config.schema import AlgorithmConfig, OptimConfig, RouterHeadConfig
 
@@ -34,7 +34,7 @@ class LoraConfig:
     r: int = 8
     alpha: int = 16
     dropout: float = 0.0
-    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    target_modules: List[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
 
 
 @dataclass
@@ -42,7 +42,7 @@ class ModelConfig:
     path: str = "tiny"  # "tiny" (the embedded default) or a local Hugging Face model directory
     dtype: str = "float32"
     gradient_checkpointing: bool = False
-    warm_start: str | None = None  # null | sft | rlvcr_sft
+    warm_start: Optional[str] = None  # null | sft | rlvcr_sft
     tiny: TinySpecConfig = field(default_factory=TinySpecConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
 
@@ -59,7 +59,7 @@ class AlgorithmGroupConfig(AlgorithmConfig):
     rlvcr_think_max_new_tokens: int = 64
     rlvcr_think_temperature: float = 1.0
     rlvcr_think_top_p: float = 1.0
-    rlvcr_score_max_rows: int | None = None
+    rlvcr_score_max_rows: Optional[int] = None
     rlvcr_allow_unclosed_action: bool = True
     rlvcr_score_malformed_steps: bool = False
 
@@ -72,10 +72,10 @@ class RolloutConfig:
 
     engine: str = "hf"
     micro_batch_size: int = 64  # prompts x samples per generate call (HF engine)
-    engines: dict[str, Any] = field(default_factory=dict)
+    engines: Dict[str, Any] = field(default_factory=dict)
     workers: int = 0  # > 0: that many Ray rollout workers feed the replay buffer asynchronously
     weight_sync_every: int = 1  # steps between weight pushes to the workers
-    ray_address: str | None = None  # join a running Ray cluster; None starts a local one
+    ray_address: Optional[str] = None  # join a running Ray cluster; None starts a local one
 
 
 # ---------------------------------------------------------------------------- router
@@ -89,7 +89,7 @@ class RouterConfig(RouterHeadConfig):
     budget: float = 0.3  # B: allowed mean tool cost per rollout
     lambda_lr: float = 0.5  # dual learning rate (the PID controller's integral gain k_i)
     lambda_every_k: int = 1
-    lambda_max: float | None = None
+    lambda_max: Optional[float] = None
     # gradient: λ += lambda_lr·(Ê[cost] − B); pid: + proportional and derivative terms on an EMA of
     # the cost (src.algorithms.dual_update; Stooke et al. 2020)
     lambda_update: str = "gradient"
@@ -97,8 +97,8 @@ class RouterConfig(RouterHeadConfig):
     lambda_kd: float = 0.0
     lambda_cost_ema: float = 0.0  # decay of the cost average the P and D terms read
     cost: str = "any_tool"  # any_tool | per_family | per_call
-    cost_weights: dict[str, float] = field(default_factory=dict)
-    families_sidecar: str | None = None
+    cost_weights: Dict[str, float] = field(default_factory=dict)
+    families_sidecar: Optional[str] = None
 
 
 # ---------------------------------------------------------------------------- reward
@@ -127,7 +127,7 @@ class TrainerConfig:
     strategy: str = "auto"  # auto | ddp | fsdp | deepspeed_stage_2 | deepspeed_stage_3
     precision: str = "32-true"
     log_every_n_steps: int = 1
-    val_check_interval: int | None = None  # validate every N steps (with limit_val_batches > 0)
+    val_check_interval: Optional[int] = None  # validate every N steps (with limit_val_batches > 0)
     limit_val_batches: int = 0
 
 
