@@ -14,6 +14,11 @@ API-Bank levels 1-3 with ToolRL's metric (per-level table to stdout and --out-di
     python scripts/evaluate.py --run <run> --api-bank ../shared/data/api_bank [--router off] [--engine vllm]
     python scripts/evaluate.py --model /path/to/hf/model --api-bank ../shared/data/api_bank --limit 20
 
+The router alone on any RLLA parquet (no generation): per-label route shares (greedy and sampled),
+route accuracy, per-label recall / precision, tool rate and the answer-vs-tool AUC; with --budget,
+also routing under B with a p_tool threshold calibrated on --calibrate (held-out prompts):
+    python scripts/evaluate.py --run <run> --routing ../shared/data/rlla_4k/test.parquet
+    python scripts/evaluate.py --run <run> --routing test.parquet --budget 0.3 --calibrate val.parquet
 Budget sweep frontier (route tables on held-out prompts, learned router vs baselines, per budget):
 
     python scripts/evaluate.py --sweep outputs/router_sweep/<stamp> --out-dir outputs/router_sweep/<stamp>
@@ -45,6 +50,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--parquet",
         help="RLLA-schema parquet to score (sweep: held-out prompts, default each run's val file)",
     )
+    p.add_argument("--routing", help="RLLA-schema parquet: evaluate the router alone on its prompts")
+    p.add_argument("--budget", type=float, help="--routing: also route under this tool budget B")
+    p.add_argument(
+        "--calibrate",
+        help="--budget: parquet of held-out prompts the threshold is set on (default --routing)",
+    )
     p.add_argument("--api-bank", help="API-Bank data directory (level-{1,2,3}-api_processed.json)")
     p.add_argument("--levels", default="1,2,3", help="API-Bank levels (default 1,2,3)")
     p.add_argument("--router", choices=["on", "off"], default="on", help="API-Bank with a run: route or not")
@@ -69,8 +80,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--batch-size must be positive and --limit non-negative")
     if args.model and not args.api_bank:
         p.error("--model works with --api-bank only (a plain model has no router)")
-    if not (args.api_bank or args.sweep or args.parquet):
-        p.error("give --parquet (or --api-bank, or --sweep)")
+    if not (args.api_bank or args.sweep or args.parquet or args.routing):
+        p.error("give --parquet (or --routing, --api-bank, or --sweep)")
+    if args.budget is not None and not (args.routing and 0.0 <= args.budget <= 1.0):
+        p.error("--budget needs --routing and a value in [0, 1]")
     return args
 
 
@@ -194,6 +207,58 @@ def main_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+def _read_records(path: str, limit: int) -> list:
+    from src.datamodules.schema import read_rlla_parquet
+
+    records, skipped = read_rlla_parquet(path)
+    if skipped:
+        log.warning("%s: skipped %d malformed rows %s", path, sum(skipped.values()), dict(skipped))
+    records = records[:limit] if limit else records
+    if not records:
+        raise SystemExit(f"{path}: no usable rows (skipped: {dict(skipped)})")
+    return records
+
+
+def main_routing(args: argparse.Namespace) -> int:
+    """The router alone on --routing's prompts: markdown tables to stdout, the JSON to --summary."""
+    from src.jobs.inference import load_router_policy
+    from src.jobs.routing_report import (
+        budget_threshold,
+        records_labels,
+        records_probs,
+        routing_report,
+        shares_markdown,
+    )
+
+    policy = load_router_policy(args.run or args.ckpt, device=args.device, dtype=args.dtype)
+    records = _read_records(args.routing, args.limit)
+    probs, labels = records_probs(policy, records, args.batch_size), records_labels(policy, records)
+    calibration = None
+    if args.budget is not None:
+        held_out = _read_records(args.calibrate, 0) if args.calibrate else records
+        calibration = budget_threshold(records_probs(policy, held_out, args.batch_size), args.budget)
+        calibration["calibrated_on"] = str(args.calibrate or args.routing)
+    report = routing_report(probs, labels, None if calibration is None else calibration["threshold"])
+    report = {"checkpoint": str(policy.checkpoint), "parquet": str(args.routing), **report}
+    if calibration is not None:
+        report["calibration"] = calibration
+    tables = [shares_markdown(report["shares_greedy"], "label \\ route (greedy)")]
+    tables.append(shares_markdown(report["shares_sampled"], "label \\ route (sampled)"))
+    if calibration is not None:
+        tables.append(shares_markdown(report["shares_budgeted"], f"label \\ route (B = {args.budget:g})"))
+        realised = report["budgeted"]["tool_rate"]
+        tables.append(f"budget B = {args.budget:g}: realised tool rate {realised:.3f} on these prompts")
+    auc = report["auc_answer_vs_tool"]
+    tables.append("answer-vs-tool AUC: " + ("n/a" if auc is None else f"{auc:.3f}"))
+    text = json.dumps(report, indent=2)
+    if args.summary:
+        Path(args.summary).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.summary).write_text(text + "\n")
+    print("\n\n".join(tables), flush=True)
+    print(json.dumps({k: report[k] for k in ("greedy", "sampled", "auc_answer_vs_tool")}), flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
@@ -201,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
         return main_api_bank(args)
     if args.sweep:
         return main_sweep(args)
+    if args.routing:
+        return main_routing(args)
     import pandas as pd
     import torch
 

@@ -5,6 +5,12 @@ the response and the tools it called.
     python scripts/infer.py --ckpt <run>/checkpoints/last.ckpt --parquet data.parquet --limit 3
     python scripts/infer.py --run <run> --prompt "Hi" --system "$(cat system.txt)" --route answer --json
 
+Under a tool budget B (``--budget 0.3 --calibrate held_out.parquet``) a prompt goes to its better
+tool family only when the router's p_tool = 1 - p_answer reaches a threshold set on the held-out
+prompts so that a share B of them use a tool; the realised tool rate is printed beside B at the end
+(``--route-only`` skips generation):
+    python scripts/infer.py --run <run> --parquet test.parquet --limit 0 --budget 0.3 --calibrate test.parquet
+
 ``--prompt`` is wrapped as an RLLA user turn ("**Dialogue Records History**\\n<user> ... </user>");
 without ``--system`` the system message is the synthetic RLLA prompt listing ``--tools``
 (converted to harmony for ``--data-source rlla_gpt``). ``--json`` prints one JSON object per prompt.
@@ -57,7 +63,34 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", help="cpu, cuda, ... (default: cuda when available)")
     p.add_argument("--dtype", help="override model.dtype (e.g. float32 for a bf16 run on CPU)")
     p.add_argument("--json", action="store_true", help="print one JSON object per prompt instead of text")
-    return p.parse_args(argv)
+    p.add_argument("--budget", type=float, help="route under this tool budget B (needs --calibrate)")
+    p.add_argument("--calibrate", help="--budget: parquet of held-out prompts the p_tool threshold is set on")
+    p.add_argument("--route-only", action="store_true", help="decide routes only; no generation")
+    args = p.parse_args(argv)
+    if args.budget is not None and (not args.calibrate or not 0.0 <= args.budget <= 1.0 or args.route):
+        p.error("--budget needs --calibrate, a value in [0, 1] and no --route")
+    return args
+
+
+def budget_route_fn(policy, args):
+    """None, or a function messages -> (route name, probs) that keeps the calibrated budget."""
+    if args.budget is None:
+        return None
+    from src.datamodules.schema import read_rlla_parquet
+    from src.jobs.routing_report import budget_threshold, records_probs
+    from src.router.routing_eval import ROUTES, budget_routes
+
+    held_out, _ = read_rlla_parquet(args.calibrate)
+    if not held_out:
+        raise SystemExit(f"--calibrate {args.calibrate}: no usable rows")
+    calibration = budget_threshold(records_probs(policy, held_out), args.budget)
+    logging.getLogger("infer").warning("budget calibration on %s: %s", args.calibrate, calibration)
+
+    def route(messages):
+        probs = policy.route_probs([messages])
+        return ROUTES[int(budget_routes(probs, calibration["threshold"])[0])], probs[0].tolist()
+
+    return route
 
 
 def default_system(tool_names: str, data_source: str) -> str:
@@ -146,21 +179,42 @@ def main(argv: list[str] | None = None) -> int:
         args.run or args.ckpt, device=args.device, dtype=args.dtype, max_new_tokens=args.max_new_tokens
     )
     generator = torch.Generator().manual_seed(args.seed)
+    budgeted = budget_route_fn(policy, args)
+    routed_tool = called_tool = 0
     for label, messages, ds in prompts:
+        route, probs = budgeted(messages) if budgeted else (args.route, None)
+        if args.route_only:
+            route, probs = (
+                (route, probs) if budgeted else policy.route(messages, args.sample_route, generator)
+            )
+            routed_tool += route != "answer"
+            print(json.dumps({"id": label, "route": route, "probs": probs}), flush=True)
+            continue
         result = policy.respond(
             messages,
             ds,
             temperature=args.temperature,
             top_p=args.top_p,
-            route=args.route,
+            route=route,
             sample_route=args.sample_route,
             generator=generator,
         )
+        routed_tool += (result.route or "answer") != "answer"
+        called_tool += result.cost > 0
         if args.json:
             print(json.dumps({"id": label, "data_source": ds, **result.to_dict()}), flush=True)
         else:
             print(render(label, result), flush=True)
+    print(json.dumps(tool_rate_summary(args, len(prompts), routed_tool, called_tool)), flush=True)
     return 0
+
+
+def tool_rate_summary(args, n: int, routed_tool: int, called_tool: int) -> dict:
+    """The realised tool rate (routed to a tool; responses that called one) beside the budget."""
+    out = {"prompts": n, "budget": args.budget, "tool_route_rate": routed_tool / n if n else None}
+    if not args.route_only:
+        out["tool_call_rate"] = called_tool / n if n else None
+    return out
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
     python scripts/make_synthetic_data.py OUT_DIR [--n-train 4000] [--n-test 200] [--seed 0]
         [--p-search 0.35] [--p-calculate 0.35] [--p-answer 0.3] [--data-source rlla]
-        [--min-tools 2] [--max-tools 3] [--max-params 5]
+        [--min-tools 4] [--max-tools 4] [--max-params 8]
 
 Prints one JSON line: the written paths and the family counts of each split.
 """
@@ -32,13 +32,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--p-calculate", type=float, default=0.35)
     parser.add_argument("--p-answer", type=float, default=0.3)
     parser.add_argument(
-        "--low-gain", type=float, default=0.0, help="share of tool rows that are vague requests (tools pay little)"
+        "--low-gain",
+        type=float,
+        default=0.0,
+        help="share of tool rows that are vague requests (tools pay little)",
     )
     parser.add_argument("--data-source", default="rlla")
-    parser.add_argument("--min-tools", type=int, default=2)
-    parser.add_argument("--max-tools", type=int, default=3)
+    parser.add_argument("--min-tools", type=int, default=4)
+    parser.add_argument("--max-tools", type=int, default=4)
     parser.add_argument(
-        "--max-params", type=int, default=5, help="parameters over all listed tools (caps prompt length)"
+        "--max-params", type=int, default=8, help="parameters over all listed tools (caps prompt length)"
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")

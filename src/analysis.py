@@ -431,6 +431,11 @@ def last_steps_check(rollouts: pd.DataFrame, budget: float | None, n_steps: int 
     first = rollouts[rollouts["step"].isin(steps[:n_steps])]
     acc_answer, acc_family = accuracy_pair(last["weak_label"].tolist(), last["route"].tolist())
     cost = float(last["cost"].mean())
+    recall = {  # per label: share of its rollouts routed to its own route (family acc ignores answer-routed)
+        f"recall_{label.lower()}": float((rows["route"] == label.lower()).mean())
+        for label, rows in last.groupby("weak_label")
+        if label in ("ANSWER", "SEARCH", "CALCULATE")
+    }
     return {
         "n_steps": len(steps[-n_steps:]),
         "cost_mean": cost,
@@ -438,6 +443,7 @@ def last_steps_check(rollouts: pd.DataFrame, budget: float | None, n_steps: int 
         "cost_minus_budget": None if budget is None else cost - float(budget),
         "route_acc_answer": acc_answer,
         "route_acc_family": acc_family,
+        **recall,
         "format_first": float(first["reward_format"].mean()),
         "format_last": float(last["reward_format"].mean()),
         "reward_task_first": float(first["reward_task"].mean()),
@@ -483,3 +489,38 @@ def plot_confusion_grid(tables: Mapping[float, pd.DataFrame]):
         ax.set_yticks(range(values.shape[0]), list(confusion.index) if k == 0 else [], fontsize=7)
         ax.set_title(f"B = {budget:g}", fontsize=9)
     return fig
+
+
+def reward_by_request_class(rollouts: pd.DataFrame, parquet_files: list[str | Path]) -> pd.DataFrame:
+    """Mean task reward, its count and tool-call rate per (request class, route) of a synthetic run.
+
+    The class (``answer`` | ``exact`` | ``vague``, ``src.datamodules.synthetic_text.request_class``)
+    is read from each uid's user turn in ``parquet_files`` (the run's train / val files): does a
+    tool pay more on exact requests than on vague ones, in this run? A uid missing from the files
+    is an error.
+    """
+    from src.datamodules.synthetic import ground_truth_family
+    from src.datamodules.synthetic_text import request_class
+
+    classes: dict[int, str] = {}
+    for path in parquet_files:
+        frame = pd.read_parquet(path)
+        for extra, gt in zip(frame["extra_info"], frame["reward_model"]):
+            tool = ground_truth_family(gt["ground_truth"]) != "answer"
+            vague = tool and request_class(extra["input"]) == "vague"
+            classes[int(extra["index"])] = ("vague" if vague else "exact") if tool else "answer"
+    missing = sorted(set(rollouts["uid"].astype(int)) - set(classes))
+    if missing:
+        raise ValueError(
+            f"uids {missing[:5]} (of {len(missing)}) are in none of {list(map(str, parquet_files))}"
+        )
+    frame = rollouts.assign(request_class=rollouts["uid"].astype(int).map(classes))
+    return (
+        frame.groupby(["request_class", "route"])
+        .agg(
+            reward_task=("reward_task", "mean"),
+            n=("reward_task", "size"),
+            tool_call_rate=("used_tool", "mean"),
+        )
+        .reset_index()
+    )

@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from src.algorithms.dual_update import DualGains, DualState, dual_step
+
 __all__ = [
     "EMA",
     "DualSettings",
@@ -25,13 +27,22 @@ __all__ = [
 
 @dataclass(frozen=True)
 class DualSettings:
-    """λ's update: every ``every_k`` steps, dual ascent with rate ``lr`` on the mean cost of the
-    window against ``budget``; then clipped at ``lambda_max`` (None: no cap)."""
+    """λ's update: every ``every_k`` steps, the controller ``update`` (``dual_update.DUAL_UPDATES``:
+    ``gradient`` = dual ascent with rate ``lr``; ``pid`` adds ``kp`` / ``kd`` terms on an EMA of the
+    cost with decay ``cost_ema``) on the mean cost of the window against ``budget``; λ clipped at
+    ``lambda_max`` (None: no cap)."""
 
     budget: float
     lr: float
     every_k: int = 1
     lambda_max: float | None = None
+    update: str = "gradient"
+    kp: float = 0.0
+    kd: float = 0.0
+    cost_ema: float = 0.0
+
+    def gains(self) -> DualGains:
+        return DualGains(ki=self.lr, kp=self.kp, kd=self.kd, cost_ema=self.cost_ema, lambda_max=self.lambda_max)
 
 
 def _finite(name: str, value: float) -> float:
@@ -63,20 +74,22 @@ def lagrange_update(lam: float, mean_cost: float, budget: float, lr: float) -> f
 
 
 def window_lagrange_step(
-    lam: float, window: torch.Tensor, dual: DualSettings
-) -> tuple[float, dict[str, float]]:
-    """λ after one window. window: [3] (cost sum, task-reward sum, rollout count) over every rank.
+    state: DualState, window: torch.Tensor, dual: DualSettings
+) -> tuple[DualState, dict[str, float]]:
+    """The controller's state after one window. window: [3] (cost sum, task-reward sum, rollout
+    count) over every rank.
 
-    Returns (new λ, scalars ``train/lambda_next``, ``train/cost_window_mean``,
-    ``train/reward_task_window_mean``).
+    Returns (new state, scalars ``train/lambda_next`` and the controller's terms
+    ``train/lambda_p`` / ``_i`` / ``_d``, ``train/cost_window_mean``, ``train/reward_task_window_mean``).
     """
     count = max(float(window[2]), 1.0)
     mean_cost = float(window[0]) / count
-    new = lagrange_update(lam, mean_cost, dual.budget, dual.lr)
-    if dual.lambda_max is not None:
-        new = min(new, float(dual.lambda_max))
+    new = dual_step(dual.update, state, mean_cost, dual.budget, dual.gains())
     scalars = {
-        "train/lambda_next": new,
+        "train/lambda_next": new.lam,
+        "train/lambda_p": new.p,
+        "train/lambda_i": new.integral,
+        "train/lambda_d": new.d,
         "train/cost_window_mean": mean_cost,
         "train/reward_task_window_mean": float(window[1]) / count,
     }

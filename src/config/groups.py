@@ -87,9 +87,15 @@ class RouterConfig(RouterHeadConfig):
     prompt_mode: str = "emphasis"  # emphasis | only_family
     actor_reward: str = "task"  # task | router
     budget: float = 0.3  # B: allowed mean tool cost per rollout
-    lambda_lr: float = 0.5  # dual learning rate
+    lambda_lr: float = 0.5  # dual learning rate (the PID controller's integral gain k_i)
     lambda_every_k: int = 1
     lambda_max: Optional[float] = None
+    # gradient: λ += lambda_lr·(Ê[cost] − B); pid: + proportional and derivative terms on an EMA of
+    # the cost (src.algorithms.dual_update; Stooke et al. 2020)
+    lambda_update: str = "gradient"
+    lambda_kp: float = 0.0
+    lambda_kd: float = 0.0
+    lambda_cost_ema: float = 0.0  # decay of the cost average the P and D terms read
     cost: str = "any_tool"  # any_tool | per_family | per_call
     cost_weights: Dict[str, float] = field(default_factory=dict)
     families_sidecar: Optional[str] = None

@@ -143,6 +143,9 @@ def _router(cfg: DictConfig) -> list[str]:
         {"router.lr": r.lr, "router.mlp_hidden": r.mlp_hidden, "router.lambda_lr": r.lambda_lr}
     )
     problems += positive({"router.lambda_every_k": r.lambda_every_k})
+    problems += one_of("router.lambda_update", r.lambda_update, ("gradient", "pid"))
+    problems += positive({"router.lambda_kp": r.lambda_kp, "router.lambda_kd": r.lambda_kd}, strict=False)
+    problems += in_range("router.lambda_cost_ema", r.lambda_cost_ema, 0.0, 1.0, high_open=True)
     problems += positive({"router.entropy_coef": r.entropy_coef, "router.sup_coef": r.sup_coef}, strict=False)
     problems += positive({"router.entropy_decay_steps": r.entropy_decay_steps}, strict=False)
     if r.entropy_coef_final is not None:

@@ -1,19 +1,21 @@
-"""Synthetic RLLA rows: short tool-use prompts whose right action is clear from the request.
+"""Synthetic RLLA rows: short tool-use prompts whose right action must be read from the request.
 
-Each row lists 2-3 tools (at most 5 parameters in all, to keep prompts short) from a fixed
-catalogue (search-, calculate- and other-family) in the RLLA system-prompt layout, and asks for one of
-    search      e.g. "weather in Oslo"        -> one call of a search tool, query copied from the request
-    calculate   e.g. "convert 5 km to miles"  -> one call of a calculate tool, numbers copied
-    answer      greeting / chit-chat / simple fact -> <response> only, no tool
-in the configured proportions. With ``low_gain`` > 0 that share of the search and calculate rows
-are *vague* requests ("How is the weather?", "Help me with a percentage."): the ground truth calls
-the right tool, but its argument values are not in the request, so a model can get the tool and
-its keys right and the values only by luck. A tool pays a lot on an exact request, a little on a
-vague one and nothing on a no-tool request: the setting in which a budgeted router must choose.
-Every row lists at least one search and one calculate tool, so routing to the wrong family (with
-``prompt_mode: only_family``) leaves only wrong tools in view. Output parquet has exactly the schema of ToolRL's rlla_4k files
-(see ``schema.RLLA_ARROW_SCHEMA``); the family of a row is recoverable from its ground truth
-(``ground_truth_family``), so no extra columns are needed.
+Each row lists two search and two calculate tools (plus "other" tools when ``max_tools`` allows;
+at most ``max_params`` parameters in all, to keep prompts short) from a fixed catalogue, in the
+RLLA system-prompt layout, and asks for one of
+    search / calculate, exact   e.g. "Is it raining in Oslo?" -> one call of the tool the request
+                                names, its values copied from the text: a tool pays a lot
+    search / calculate, vague   e.g. "Look something up for me." -> one call of a listed tool of that
+                                family, values drawn at random (``low_gain`` of the tool rows): the
+                                tool name and values can only be guessed, so a tool pays little
+    answer                      greeting / chit-chat / small talk -> <response> only, no tool
+in the configured proportions. Requests are composed from templates x entities x phrasings
+(``synthetic_text``); the test split draws from templates no training row uses. Since every row
+lists two tools per family, a family route (``prompt_mode: only_family``) never singles out the
+ground-truth tool, and routing to the wrong family leaves only wrong tools in view. Output parquet
+has exactly the schema of ToolRL's rlla_4k files (see ``schema.RLLA_ARROW_SCHEMA``); the family of
+a row is recoverable from its ground truth (``ground_truth_family``), its request class from its
+text (``synthetic_text.request_class``), so no extra columns are needed.
 
 The prompt is a shortened version of ToolRL's RLLA system prompt (Apache-2.0): same sections in
 the same order, fewer words, so it fits a tiny model's context.
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +35,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from src.datamodules.schema import RLLA_ARROW_SCHEMA
+from src.datamodules.synthetic_text import make_request, request_class
 
 __all__ = [
     "FAMILIES",
@@ -51,7 +54,7 @@ TASK_KINDS = ("search", "calculate", "answer")
 
 
 # Bump when the generated text changes: cache keys (tiny tokenizer, cached data) include it.
-GENERATOR_VERSION = 2
+GENERATOR_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -105,8 +108,10 @@ _TOOL_LIST = [
     ToolSpec("create_note", "Save a note.", {"text": _p("Text")}, "other"),
 ]
 TOOLS: dict[str, ToolSpec] = {t.name: t for t in _TOOL_LIST}
-# every target tool must fit beside one tool of another family
-_MIN_PARAM_BUDGET = max(len(t.parameters) for t in _TOOL_LIST) + 1
+_FAMILY_TOOLS = {f: [t for t in _TOOL_LIST if t.family == f] for f in FAMILIES}
+_PER_FAMILY = 2  # tools of each task family listed in every row
+# the largest tool beside three 1-parameter tools (every family has one)
+_MIN_PARAM_BUDGET = max(len(t.parameters) for t in _TOOL_LIST) + 2 * _PER_FAMILY - 1
 
 # ---------------------------------------------------------------- prompt layout (RLLA sections)
 INTRO = "You are a helpful assistant that can call tools to solve user tasks."
@@ -157,236 +162,16 @@ def _answer_ground_truth(think: str, response: str) -> str:
     return f"<think> {think} </think>\n<response> {response} </response>"
 
 
-# ---------------------------------------------------------------- request templates
-_CITIES = [
-    "Paris",
-    "Tokyo",
-    "Oslo",
-    "Cairo",
-    "Lima",
-    "Berlin",
-    "Madrid",
-    "Toronto",
-    "Sydney",
-    "Nairobi",
-    "Seoul",
-    "Dublin",
-    "Chicago",
-    "Mumbai",
-    "Lisbon",
-    "Prague",
-    "Denver",
-    "Vienna",
-    "Bangkok",
-    "Boston",
-]
-_TOPICS = [
-    "electric cars",
-    "the stock market",
-    "space exploration",
-    "climate policy",
-    "the Olympics",
-    "artificial intelligence",
-    "housing prices",
-    "renewable energy",
-    "the World Cup",
-    "vaccines",
-    "cryptocurrency",
-    "video games",
-    "the film festival",
-    "public transport",
-    "solar panels",
-]
-_SYMBOLS = ["AAPL", "MSFT", "TSLA", "AMZN", "NVDA", "GOOG", "META", "IBM", "INTC", "NFLX", "ORCL", "SAP"]
-_TITLES = [
-    "Photosynthesis",
-    "The Roman Empire",
-    "Marie Curie",
-    "Black holes",
-    "The Great Wall",
-    "Plate tectonics",
-    "Jazz",
-    "The printing press",
-    "Volcanoes",
-    "Ada Lovelace",
-    "The Amazon River",
-    "Quantum computing",
-    "Ancient Egypt",
-    "The Moon landing",
-    "Honeybees",
-]
-_QUERIES = [
-    "best hiking trails near {city}",
-    "cheap flights to {city}",
-    "vegan restaurants in {city}",
-    "museums in {city}",
-    "how to learn {lang}",
-    "{lang} tutorial for beginners",
-    "used bikes in {city}",
-]
-_LANGS = ["Python", "Spanish", "guitar", "chess", "Rust", "painting", "French", "SQL"]
-_UNITS = [
-    ("km", "miles"),
-    ("miles", "km"),
-    ("kg", "pounds"),
-    ("pounds", "kg"),
-    ("celsius", "fahrenheit"),
-    ("meters", "feet"),
-    ("liters", "gallons"),
-    ("inches", "cm"),
-]
-_CURRENCIES = ["USD", "EUR", "GBP", "JPY", "CAD", "CHF", "AUD", "INR"]
-
-_R = random.Random
-
-
-def _num(rng: _R, lo: int, hi: int) -> int | float:
-    """An integer, or a number with one decimal a quarter of the time (copied as-is into the call)."""
-    if rng.random() < 0.25:
-        return round(rng.uniform(lo, hi), 1)
-    return rng.randint(lo, hi)
-
-
-# phrasings per search tool; {q} is copied verbatim into the call's one parameter
-_PHRASES = {
-    "web_search": [
-        "Search the web for {q}.",
-        "Can you search online for {q}?",
-        "Find web results about {q}.",
-    ],
-    "news_lookup": [
-        "What is the latest news about {q}?",
-        "Get me recent headlines on {q}.",
-        "Any news on {q} today?",
-    ],
-    "weather_lookup": [
-        "What's the weather in {q} right now?",
-        "Is it raining in {q} today?",
-        "Check the weather in {q}.",
-    ],
-    "stock_quote": [
-        "What is the current stock price of {q}?",
-        "Get me a quote for {q} shares.",
-        "How is {q} trading now?",
-    ],
-    "wiki_lookup": [
-        "Look up {q} on Wikipedia.",
-        "Find the encyclopedia article on {q}.",
-        "Get the wiki summary of {q}.",
-    ],
-}
-
-_Request = Callable[[random.Random], tuple[str, dict[str, Any]]]
-
-
-def _search_request(tool: str, param: str, pick: Callable[[_R], str]) -> _Request:
-    """A search request maker: the query slot is copied verbatim into the call's one parameter."""
-
+def _exact_maker(tool: str):
     def make(rng: _R) -> tuple[str, dict[str, Any]]:
-        q = pick(rng)
-        return rng.choice(_PHRASES[tool]).format(q=q), {param: q}
+        text, params, _ = make_request(rng, "exact", tool, "train")
+        return text, params
 
     return make
 
 
-def _web_query(rng: _R) -> str:
-    return rng.choice(_QUERIES).format(city=rng.choice(_CITIES), lang=rng.choice(_LANGS))
-
-
-def _calc_expression(rng: _R) -> tuple[str, dict[str, Any]]:
-    n_terms = rng.choice([2, 2, 3])
-    expr = str(rng.randint(2, 999))
-    for _ in range(n_terms - 1):
-        expr += rng.choice(["+", "-", "*", "/"]) + str(rng.randint(2, 99))
-    text = rng.choice(["What is {e}?", "Calculate {e}.", "Compute {e} for me."])
-    return text.format(e=expr), {"expression": expr}
-
-
-def _calc_units(rng: _R) -> tuple[str, dict[str, Any]]:
-    v = _num(rng, 1, 500)
-    src, dst = rng.choice(_UNITS)
-    text = rng.choice(["Convert {v} {a} to {b}.", "How many {b} is {v} {a}?", "What is {v} {a} in {b}?"])
-    return text.format(v=str(v), a=src, b=dst), {"value": v, "from": src, "to": dst}
-
-
-def _calc_currency(rng: _R) -> tuple[str, dict[str, Any]]:
-    amount = _num(rng, 5, 5000)
-    src, dst = rng.sample(_CURRENCIES, 2)
-    text = rng.choice(["Convert {x} {a} to {b}.", "How much is {x} {a} in {b}?", "Change {x} {a} into {b}."])
-    return text.format(x=str(amount), a=src, b=dst), {"amount": amount, "from": src, "to": dst}
-
-
-def _calc_percent(rng: _R) -> tuple[str, dict[str, Any]]:
-    p, n = rng.randint(1, 99), _num(rng, 10, 10000)
-    text = rng.choice(["What is {p}% of {n}?", "Calculate {p} percent of {n}.", "Find {p}% of {n}."])
-    return text.format(p=p, n=str(n)), {"percent": p, "number": n}
-
-
-def _calc_loan(rng: _R) -> tuple[str, dict[str, Any]]:
-    principal = rng.randrange(1000, 500001, 500)
-    rate = round(rng.uniform(1, 12), 1)
-    years = rng.randint(1, 30)
-    text = rng.choice(
-        [
-            "What is the monthly payment on a {x} loan at {r}% for {y} years?",
-            "Compute the monthly payment for borrowing {x} at {r}% over {y} years.",
-        ]
-    )
-    return text.format(x=principal, r=rate, y=years), {"principal": principal, "rate": rate, "years": years}
-
-
-# tool name -> request maker; each returns (user text, call parameters copied from the text)
-_REQUESTS: dict[str, _Request] = {
-    "web_search": _search_request("web_search", "query", _web_query),
-    "news_lookup": _search_request("news_lookup", "topic", lambda rng: rng.choice(_TOPICS)),
-    "weather_lookup": _search_request("weather_lookup", "city", lambda rng: rng.choice(_CITIES)),
-    "stock_quote": _search_request("stock_quote", "symbol", lambda rng: rng.choice(_SYMBOLS)),
-    "wiki_lookup": _search_request("wiki_lookup", "title", lambda rng: rng.choice(_TITLES)),
-    "calculator": _calc_expression,
-    "unit_converter": _calc_units,
-    "currency_converter": _calc_currency,
-    "percentage": _calc_percent,
-    "loan_payment": _calc_loan,
-}
-
-# Vague requests: the right tool is clear, its argument values are not in the text (the ground
-# truth's values come from the tool's request maker above, so a model can only guess them).
-_VAGUE: dict[str, list[str]] = {
-    "web_search": ["Search the web for something fun.", "Find me something interesting online."],
-    "news_lookup": ["Any news today?", "What is in the news?"],
-    "weather_lookup": ["How is the weather?", "Will it rain later?"],
-    "stock_quote": ["How are my stocks doing?", "Check a share price for me."],
-    "wiki_lookup": ["Look up a random article.", "Tell me about some topic from the encyclopedia."],
-    "calculator": ["Do some arithmetic for me.", "Compute a sum for me."],
-    "unit_converter": ["Convert a measurement for me.", "Help me convert some units."],
-    "currency_converter": ["Convert some money for me.", "What is my cash worth abroad?"],
-    "percentage": ["Help me with a percentage.", "Work out a percent for me."],
-    "loan_payment": ["What would my loan payment be?", "Estimate a mortgage payment for me."],
-}
-
-# (user text, direct response) pairs that need no tool
-_ANSWERS = [
-    ("Hi there!", "Hello! How can I help you today?"),
-    ("Good morning!", "Good morning! What can I do for you?"),
-    ("Hello, how are you?", "I'm doing well, thank you! How can I help?"),
-    ("Thanks for your help.", "You're welcome! Let me know if you need anything else."),
-    ("Thank you, that's all.", "Glad I could help. Have a great day!"),
-    ("What can you do?", "I can answer questions and use tools to look things up or calculate."),
-    ("Who are you?", "I am a helpful assistant that can use tools when needed."),
-    ("Tell me a joke.", "Why did the scarecrow win an award? Because he was outstanding in his field."),
-    ("How many days are in a week?", "There are seven days in a week."),
-    ("What color is the sky on a clear day?", "On a clear day the sky is blue."),
-    ("What is the capital of France?", "The capital of France is Paris."),
-    ("What is the capital of Japan?", "The capital of Japan is Tokyo."),
-    ("How many legs does a spider have?", "A spider has eight legs."),
-    ("Who wrote Romeo and Juliet?", "Romeo and Juliet was written by William Shakespeare."),
-    ("What do bees make?", "Bees make honey."),
-    ("Which planet do we live on?", "We live on Earth."),
-    ("What is the opposite of hot?", "The opposite of hot is cold."),
-    ("Can you recommend a good habit?", "Try a short walk every day; it is good for body and mind."),
-    ("Goodbye!", "Goodbye! Have a nice day."),
-    ("I'm bored.", "How about reading a book, going for a walk, or learning something new?"),
-]
+# tool name -> exact-request maker (training templates), for the two-call rows of synthetic_multi
+_REQUESTS = {t.name: _exact_maker(t.name) for t in _TOOL_LIST if t.family in ("search", "calculate")}
 
 # Short reasoning keeps generations short (the tiny model samples every token on CPU).
 _THINK = {
@@ -394,6 +179,9 @@ _THINK = {
     "calculate": "A calculation: {tool}.",
     "answer": "No tool needed.",
 }
+
+
+_R = random.Random
 
 
 def _family_counts(n: int, p: Sequence[float]) -> list[int]:
@@ -408,28 +196,33 @@ def _family_counts(n: int, p: Sequence[float]) -> list[int]:
     return counts
 
 
+def _fits(tools: Sequence[ToolSpec], reserve: int, max_params: int) -> bool:
+    return _n_params(*tools) + reserve <= max_params
+
+
 def _pick_tools(
     rng: _R, target: ToolSpec | None, min_tools: int, max_tools: int, max_params: int
 ) -> list[ToolSpec]:
-    """min..max tools in random order, at most ``max_params`` parameters in all (prompt length).
+    """Two search and two calculate tools (the target, if any, among them), then "other" tools up
+    to ``min_tools..max_tools`` while at most ``max_params`` parameters are listed in all.
 
-    Every row lists a search and a calculate tool (the target, if any, being one of them), so the
-    family must be read from the request, not from which tools happen to be listed, and a route
-    that lists only one family's tools leaves a misrouted prompt with wrong tools only.
+    Every row lists two tools of each family, so a family route (``only_family``) never singles
+    out the ground-truth tool and the family must be read from the request, not from the list.
     """
     k = rng.randint(min_tools, max_tools)
-    first = target or rng.choice([t for t in _TOOL_LIST if t.family in TASK_KINDS])
-    other = "calculate" if first.family == "search" else "search"
-    tools = [
-        first,
-        rng.choice([t for t in _TOOL_LIST if t.family == other and _n_params(first, t) <= max_params]),
-    ]
-    while len(tools) < k:
-        used = {t.name for t in tools}
-        fits = [t for t in _TOOL_LIST if t.name not in used and _n_params(*tools, t) <= max_params]
-        if not fits:
-            break
-        tools.append(rng.choice(fits))
+    tools = [target] if target is not None else []
+    for family in ("search", "calculate"):
+        while sum(t.family == family for t in tools) < _PER_FAMILY:
+            # leave room for one 1-parameter tool per slot still to fill
+            left = 2 * _PER_FAMILY - len(tools) - 1
+            fits = [
+                t for t in _FAMILY_TOOLS[family] if t not in tools and _fits([*tools, t], left, max_params)
+            ]
+            tools.append(rng.choice(fits))
+    others = [t for t in _FAMILY_TOOLS["other"] if _fits([*tools, t], 0, max_params)]
+    while len(tools) < k and others:
+        tools.append(others.pop(rng.randrange(len(others))))
+        others = [t for t in others if _fits([*tools, t], 0, max_params)]
     rng.shuffle(tools)
     return tools
 
@@ -438,30 +231,34 @@ def _n_params(*tools: ToolSpec) -> int:
     return sum(len(t.parameters) for t in tools)
 
 
-def _make_row(
-    rng: _R,
-    kind: str,
-    index: int,
-    split: str,
-    data_source: str,
-    min_tools: int,
-    max_tools: int,
-    max_params: int,
-    vague: bool = False,
-) -> dict:
-    if kind == "answer":
-        tools = _pick_tools(rng, None, min_tools, max_tools, max_params)
-        text, response = rng.choice(_ANSWERS)
+@dataclass(frozen=True)
+class _RowSpec:
+    """What one row asks: ``kind`` (search | calculate | answer) and whether the request is vague."""
+
+    kind: str
+    vague: bool
+    split: str
+    min_tools: int
+    max_tools: int
+    max_params: int
+
+
+def _make_row(rng: _R, spec: _RowSpec, index: int, data_source: str) -> tuple[dict, str]:
+    """One RLLA row and its request's template id."""
+    if spec.kind == "answer":
+        tools = _pick_tools(rng, None, spec.min_tools, spec.max_tools, spec.max_params)
+        text, response, template = make_request(rng, "answer", "answer", spec.split)
         ground_truth = _answer_ground_truth(_THINK["answer"], response)
     else:
-        target = TOOLS[rng.choice([n for n, t in TOOLS.items() if t.family == kind and n in _REQUESTS])]
-        tools = _pick_tools(rng, target, min_tools, max_tools, max_params)
-        text, params = _REQUESTS[target.name](rng)
-        if vague:
-            text = rng.choice(_VAGUE[target.name])
-        ground_truth = _tool_ground_truth(_THINK[kind].format(tool=target.name), target.name, params)
+        target = rng.choice(_FAMILY_TOOLS[spec.kind])
+        tools = _pick_tools(rng, target, spec.min_tools, spec.max_tools, spec.max_params)
+        if spec.vague:
+            text, params, template = make_request(rng, "vague", spec.kind, spec.split, tool=target.name)
+        else:
+            text, params, template = make_request(rng, "exact", target.name, spec.split)
+        ground_truth = _tool_ground_truth(_THINK[spec.kind].format(tool=target.name), target.name, params)
     system, user = build_system_prompt(tools), build_user_turn(text)
-    return {
+    row = {
         "data_source": data_source,
         "prompt": [{"content": system, "role": "system"}, {"content": user, "role": "user"}],
         "ability": "math",  # ToolRL's files carry "math" for every row
@@ -471,12 +268,27 @@ def _make_row(
             "input": user,
             "instruction": system,
             "output": ground_truth,
-            "split": split,
+            "split": spec.split,
         },
     }
+    return row, template
 
 
-def generate_rlla_rows(
+def _check_args(n: int, low_gain: float, min_tools: int, max_tools: int, max_params: int) -> None:
+    if not 0.0 <= low_gain <= 1.0:
+        raise ValueError(f"low_gain must be in [0, 1], got {low_gain}")
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    lo = 2 * _PER_FAMILY
+    if not lo <= min_tools <= max_tools <= len(_TOOL_LIST):
+        raise ValueError(
+            f"need {lo} <= min_tools <= max_tools <= {len(_TOOL_LIST)}, got {min_tools}, {max_tools}"
+        )
+    if max_params < _MIN_PARAM_BUDGET:
+        raise ValueError(f"max_params must be >= {_MIN_PARAM_BUDGET} (two tools of each family)")
+
+
+def generate_rows_with_templates(
     n: int,
     seed: int,
     p_search: float = 0.35,
@@ -485,27 +297,13 @@ def generate_rlla_rows(
     split: str = "train",
     start_index: int = 0,
     data_source: str = "rlla",
-    min_tools: int = 2,
-    max_tools: int = 3,
-    max_params: int = 5,
+    min_tools: int = 4,
+    max_tools: int = 4,
+    max_params: int = 8,
     low_gain: float = 0.0,
-) -> pd.DataFrame:
-    """``n`` synthetic RLLA rows, deterministic in ``seed``.
-
-    Family counts are exactly proportional to (p_search, p_calculate, p_answer) (largest
-    remainder), in shuffled order; ``low_gain`` of each tool family's rows are vague requests
-    (see the module doc). ``extra_info.index`` runs ``start_index .. start_index+n-1``.
-    """
-    if not 0.0 <= low_gain <= 1.0:
-        raise ValueError(f"low_gain must be in [0, 1], got {low_gain}")
-    if n < 0:
-        raise ValueError(f"n must be >= 0, got {n}")
-    if not 2 <= min_tools <= max_tools <= len(_TOOL_LIST):
-        raise ValueError(
-            f"need 2 <= min_tools <= max_tools <= {len(_TOOL_LIST)}, got {min_tools}, {max_tools}"
-        )
-    if max_params < _MIN_PARAM_BUDGET:
-        raise ValueError(f"max_params must be >= {_MIN_PARAM_BUDGET} (largest tool + a 1-parameter tool)")
+) -> tuple[pd.DataFrame, list[str]]:
+    """``generate_rlla_rows`` plus each row's request template id (in row order)."""
+    _check_args(n, low_gain, min_tools, max_tools, max_params)
     rng = random.Random(seed)
     counts = _family_counts(n, (p_search, p_calculate, p_answer))
     kinds = []
@@ -513,11 +311,32 @@ def generate_rlla_rows(
         n_vague = 0 if kind == "answer" else _family_counts(count, (1.0 - low_gain, low_gain))[1]
         kinds += [(kind, i < n_vague) for i in range(count)]
     rng.shuffle(kinds)
-    rows = [
-        _make_row(rng, kind, start_index + i, split, data_source, min_tools, max_tools, max_params, vague)
+    template_split = "test" if split == "test" else "train"
+    made = [
+        _make_row(
+            rng,
+            _RowSpec(kind, vague, template_split, min_tools, max_tools, max_params),
+            start_index + i,
+            data_source,
+        )
         for i, (kind, vague) in enumerate(kinds)
     ]
-    return pd.DataFrame(rows, columns=list(RLLA_ARROW_SCHEMA.names))
+    for row, _ in made:
+        row["extra_info"]["split"] = split
+    df = pd.DataFrame([row for row, _ in made], columns=list(RLLA_ARROW_SCHEMA.names))
+    return df, [template for _, template in made]
+
+
+def generate_rlla_rows(n: int, seed: int, **kwargs: Any) -> pd.DataFrame:
+    """``n`` synthetic RLLA rows, deterministic in ``seed``.
+
+    Keyword arguments as ``generate_rows_with_templates``: family proportions (p_search,
+    p_calculate, p_answer; exact counts by largest remainder, shuffled order), ``split`` ("test"
+    draws from the held-out templates, anything else from the training ones), ``low_gain`` (the
+    share of each tool family's rows that are vague requests), ``start_index`` (first
+    ``extra_info.index``), ``min_tools`` / ``max_tools`` / ``max_params`` (listed tools).
+    """
+    return generate_rows_with_templates(n, seed, **kwargs)[0]
 
 
 def write_rlla_parquet(df: pd.DataFrame, path: str | Path) -> Path:
@@ -539,15 +358,16 @@ def write_synthetic_rlla(
     p_calculate: float = 0.35,
     p_answer: float = 0.3,
     data_source: str = "rlla",
-    min_tools: int = 2,
-    max_tools: int = 3,
-    max_params: int = 5,
+    min_tools: int = 4,
+    max_tools: int = 4,
+    max_params: int = 8,
     low_gain: float = 0.0,
 ) -> dict[str, Path]:
     """Write ``train.parquet`` and ``test.parquet`` under ``out_dir``; returns {"train": path, "test": path}.
 
-    The test split uses its own random stream (seed + 1) and indices after the train split's,
-    so uids are unique over both files.
+    The test split uses its own random stream (seed + 1), the held-out request templates (so no
+    test request appears in training) and indices after the train split's, so uids are unique
+    over both files.
     """
     common = dict(
         p_search=p_search,
@@ -570,7 +390,7 @@ def write_synthetic_rlla(
 
 def is_vague_request(user_turn: str) -> bool:
     """Whether a user message (``build_user_turn`` text) is one of the vague, low-gain requests."""
-    return any(f"<user> {text} </user>" in user_turn for texts in _VAGUE.values() for text in texts)
+    return request_class(user_turn) == "vague"
 
 
 def ground_truth_family(ground_truth: str) -> str:

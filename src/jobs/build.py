@@ -151,7 +151,16 @@ def build_module(cfg: DictConfig, path: Path):
         algorithm = replace(algorithm, temperature=float(cfg.sampling.temperature))
     if cfg.replay.capacity > 0:  # off-policy samples: the ratio is taken against their behaviour log-probs
         algorithm = replace(algorithm, old_log_prob_source="rollout")
-    dual = DualSettings(router.budget, router.lambda_lr, router.lambda_every_k, router.lambda_max)
+    dual = DualSettings(
+        router.budget,
+        router.lambda_lr,
+        router.lambda_every_k,
+        router.lambda_max,
+        update=router.lambda_update,
+        kp=router.lambda_kp,
+        kd=router.lambda_kd,
+        cost_ema=router.lambda_cost_ema,
+    )
     return ToolRouterModule(
         build_actor(cfg, path),
         algorithm,

@@ -25,3 +25,4 @@ def build_rl_callbacks(cfg: DictConfig, tokenizer, path: Path, datamodule=None) 
 
         callbacks.append(RouteConfusionLogger(cfg.trainer.val_check_interval or 50))
     return callbacks
+

@@ -4,8 +4,9 @@ with manual optimisation.
 ``training_step`` reads top to bottom as the stages of one RL step (see its docstring); each stage
 is one call into ``src.algorithms``, the router policy or the rollout pipeline. It returns
 ``{"loss", "rollout"}`` for the callbacks. All math lives in ``src.algorithms``; this file only
-orchestrates. λ's state (``lagrange_lambda`` and the cost window ``lagrange_window``, both
-checkpointed buffers) and its update (``update_lambda``) live here and nowhere else.
+orchestrates. λ's state (``lagrange_lambda``, the cost window ``lagrange_window`` and the
+controller's memory ``lagrange_controller``, all checkpointed buffers) and its update
+(``update_lambda``) live here and nowhere else.
 """
 
 from __future__ import annotations
@@ -25,13 +26,14 @@ from src.algorithms.loss_module import build_loss_module
 from src.algorithms.losses import KL_ESTIMATORS, token_log_probs_and_entropy
 from src.algorithms.rollout_correction import logprob_abs_diff, rollout_is_weights
 from src.config.schema import AlgorithmConfig, OptimConfig, RouterHeadConfig
-from src.models.router_policy import RouterPolicy, lambda_window_step
+from src.models.router_policy import RouterPolicy, initial_controller, lambda_window_step
 from src.models.sharding import fully_shard_policy
 from src.models.shared_prefix import prompt_groups, response_logits
 from src.models.step_stats import add_stat
 from src.rollout.batch import PromptBatch, RolloutBatch
 from src.rollout.metrics import non_finite
 from src.rollout.rank_metrics import all_rank_rollout_metrics
+from src.router.routing_eval import prompt_labels, routing_scalars
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +115,7 @@ class ToolRouterModule(pl.LightningModule):
         self.dual = dual
         self.register_buffer("lagrange_lambda", torch.tensor(float(router.lambda_init)))
         self.register_buffer("lagrange_window", torch.zeros(4, dtype=torch.float64))
+        self.register_buffer("lagrange_controller", initial_controller(router.lambda_init))
         self.automatic_optimization = False
         self._reference_factory = reference_factory
         # The reference is the fixed initial policy: kept in a list so it is not a submodule
@@ -339,12 +342,18 @@ class ToolRouterModule(pl.LightningModule):
         )
         # summed every step, so the window is the same on every rank (DDP broadcasts buffers)
         totals = self.trainer.strategy.reduce(step_totals, reduce_op="sum")
-        return lambda_window_step(self.lagrange_lambda, self.lagrange_window, totals, self.dual)
+        return lambda_window_step(
+            self.lagrange_lambda, self.lagrange_window, self.lagrange_controller, totals, self.dual
+        )
 
     def validation_step(self, batch: PromptBatch, batch_idx: int):
         """Logs the ``val/`` twins of the rollout scalars (rollouts from the RolloutCallback)."""
         rb = _attached_rollout(batch)
         metrics = all_rank_rollout_metrics(rb, prefix="val")
+        if rb.router is not None:  # the router alone on these held-out prompts: greedy and sampled
+            r = rb.router
+            labels = prompt_labels(r.target, r.prompt_index, len(r.prompt_ids))
+            metrics.update(routing_scalars(self.router_logits(r.prompt_ids, r.prompt_mask), labels, "val"))
         self._warn_non_finite(metrics)
         self.log_dict(metrics, on_step=False, on_epoch=True, logger=True, batch_size=len(rb))
         return {"rollout": rb}

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
+from src.algorithms.dual_update import DualState
 from src.algorithms.lagrange import DualSettings, window_lagrange_step
 from src.algorithms.loss_module import advantage_fn
 from src.algorithms.losses import router_loss
@@ -58,16 +59,29 @@ class RouterPolicy(RouterHead):
 
 
 def lambda_window_step(
-    lam: torch.Tensor, window: torch.Tensor, step_totals: torch.Tensor, dual: DualSettings
+    lam: torch.Tensor,
+    window: torch.Tensor,
+    controller: torch.Tensor,
+    step_totals: torch.Tensor,
+    dual: DualSettings,
 ) -> dict[str, float]:
     """Add one step's [cost sum, reward sum, count] (over every rank) to ``window`` [4] (its last
-    entry counts steps); every ``dual.every_k`` steps move ``lam`` (``window_lagrange_step``) and
-    empty the window. Updates ``lam`` and ``window`` in place; returns the scalars to log."""
+    entry counts steps); every ``dual.every_k`` steps move ``lam`` by the controller
+    (``window_lagrange_step``), whose memory ``controller`` [4] holds (integral, cost average, P, D),
+    and empty the window. Updates the three tensors in place; returns the scalars to log."""
     window[:3] += step_totals.to(window)
     window[3] += 1
     if int(window[3]) % max(int(dual.every_k), 1):
         return {}
-    new, scalars = window_lagrange_step(float(lam), window[:3], dual)
-    lam.fill_(new)
+    integral, cost_avg, p, d = (float(v) for v in controller)
+    state = DualState(lam=float(lam), integral=integral, cost_avg=cost_avg, p=p, d=d)
+    new, scalars = window_lagrange_step(state, window[:3], dual)
+    lam.fill_(new.lam)
+    controller.copy_(torch.tensor([new.integral, new.cost_avg, new.p, new.d], dtype=controller.dtype))
     window[:3] = 0
     return scalars
+
+
+def initial_controller(lambda_init: float) -> torch.Tensor:
+    """The controller's memory before any update: integral = λ_init, no cost average yet (NaN)."""
+    return torch.tensor([float(lambda_init), float("nan"), 0.0, 0.0], dtype=torch.float64)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+from src.algorithms.advantages import group_ids
+from src.algorithms.dynamic_sampling import groups_kept_frac
 from src.rollout.batch import RolloutBatch
 from src.router.routes import Route
 
@@ -91,6 +93,11 @@ def rollout_metrics(batch: RolloutBatch, prefix: str = "train") -> dict[str, flo
     if rows and "episode_return" in rows[0]:
         means["episode_return_mean"] = _mean(r["episode_return"] for r in rows)
         means["episode_steps_mean"] = _mean(r["episode_steps"] for r in rows)
+    if batch.rewards.numel():  # groups with an advantage (DAPO's dynamic sampling would keep these)
+        groups = group_ids(batch.uids)
+        means["groups_kept_frac"] = groups_kept_frac(batch.rewards, groups)
+        if batch.router is not None:
+            means["router_groups_kept_frac"] = groups_kept_frac(batch.router.reward, groups)
     mask = batch.response_mask
     means["response_mask_frac"] = float(mask.float().mean()) if mask.numel() else None
     return {f"{prefix}/{k}": v for k, v in means.items() if v is not None}

@@ -92,6 +92,10 @@ def test_prompts_split_evenly_over_devices():
         (["router.lambda_init=-0.1"], "router.lambda_init"),
         (["router.lambda_init=0.5", "router.lambda_max=0.2"], "router.lambda_max"),
         (["router.pooling=max"], "router.pooling"),
+        (["router.lambda_update=pi"], "router.lambda_update"),
+        (["router.lambda_kp=-1"], "router.lambda_kp"),
+        (["router.lambda_kd=-0.5"], "router.lambda_kd"),
+        (["router.lambda_cost_ema=1.0"], "router.lambda_cost_ema"),
     ],
 )
 def test_router_budget_and_lambda_ranges(overrides, key):

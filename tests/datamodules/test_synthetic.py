@@ -94,22 +94,70 @@ def test_ground_truth_scores_maximum():
         assert format_ok(gt, gt)
 
 
-def test_target_tool_listed_with_another_family_and_params_copied_from_request():
-    df = generate_rlla_rows(300, seed=4)
+def _listed(system: str) -> list[str]:
+    return [line.split("Name: ", 1)[1] for line in system.split("\n") if ". Name: " in line]
+
+
+def test_target_tool_listed_with_two_of_each_family_and_exact_params_copied_from_request():
+    from src.datamodules.synthetic_text import request_class
+
+    df = generate_rlla_rows(300, seed=4, low_gain=0.5)
+    n_exact = 0
     for _, row in df.iterrows():
         system, user = row["prompt"][0]["content"], row["prompt"][1]["content"]
-        listed = [line.split("Name: ", 1)[1] for line in system.split("\n") if ". Name: " in line]
-        assert 2 <= len(listed) <= 3 and len(set(listed)) == len(listed)
+        listed = _listed(system)
+        assert len(listed) == 4 and len(set(listed)) == len(listed)
+        assert Counter(TOOLS[n].family for n in listed) == {"search": 2, "calculate": 2}
         assert system == build_system_prompt([TOOLS[n] for n in listed])
         gt = row["reward_model"]["ground_truth"]
         if "<tool_call>" not in gt:
+            assert request_class(user) == "answer", user
             continue
         (call,) = parse_tool_block(gt)
         assert call["name"] in listed
-        assert any(TOOLS[n].family != TOOLS[call["name"]].family for n in listed)
         assert set(call["parameters"]) == set(TOOLS[call["name"]].parameters)
-        for value in call["parameters"].values():
-            assert str(value) in user, (value, user)
+        if request_class(user) == "exact":
+            n_exact += 1
+            for value in call["parameters"].values():
+                assert str(value) in user, (value, user)
+        else:  # a vague request names no value of the call
+            assert request_class(user) == "vague"
+            assert not any(str(v) in user for v in call["parameters"].values()), user
+    assert n_exact > 50
+
+
+def test_test_split_templates_and_texts_disjoint_from_training(tmp_path):
+    from src.datamodules.synthetic import generate_rows_with_templates
+    from src.datamodules.synthetic_text import template_ids
+
+    assert not template_ids("train") & template_ids("test")
+    mix = {"p_search": 0.3, "p_calculate": 0.3, "p_answer": 0.4, "low_gain": 0.5}
+    train, train_templates = generate_rows_with_templates(3000, 0, split="train", **mix)
+    test, test_templates = generate_rows_with_templates(300, 1, split="test", **mix)
+    assert set(train_templates) <= template_ids("train") and set(test_templates) <= template_ids("test")
+    assert not set(train_templates) & set(test_templates)
+    texts = lambda df: {p[1]["content"] for p in df["prompt"]}
+    assert len(texts(train)) >= 1500, len(texts(train))  # compositional: thousands of distinct requests
+    assert not texts(train) & texts(test)
+    # the written files: the test file shares no user text with the train file
+    paths = write_synthetic_rlla(tmp_path, n_train=800, n_test=200, seed=2, **mix)
+    files = {k: pd.read_parquet(v) for k, v in paths.items()}
+    assert not texts(files["train"]) & texts(files["test"])
+
+
+def test_every_family_route_lists_at_least_two_tools_of_its_family():
+    from src.router.families import ToolFamilies
+    from src.router.prompts import route_system_prompt
+    from src.router.routes import Route
+
+    df = generate_rlla_rows(200, seed=9, low_gain=0.5)
+    families = ToolFamilies()
+    for prompt in df["prompt"]:
+        system = prompt[0]["content"]
+        for route, family in ((Route.SEARCH, "search"), (Route.CALCULATE, "calculate")):
+            routed = _listed(route_system_prompt(system, route, families, mode="only_family"))
+            assert sum(TOOLS[n].family == family for n in routed) >= 2, (route, routed)
+            assert all(TOOLS[n].family == family for n in routed)
 
 
 def test_rows_pass_schema_extraction():
@@ -147,7 +195,7 @@ def test_prompts_short_under_tiny_bpe():
         len(tok.apply_chat_template(list(p), add_generation_prompt=True, tokenize=True, return_dict=False))
         for p in generate_rlla_rows(300, seed=12)["prompt"]
     ]
-    assert max(lengths) < 350, max(lengths)
+    assert max(lengths) < 450, max(lengths)  # four tools listed; a family route shows two
 
 
 def test_cli_writes_files(tmp_path):
@@ -205,5 +253,7 @@ def test_low_gain_rows_are_vague_requests_and_every_row_lists_both_tool_families
     assert kinds[("search", True)] == kinds[("search", False)] == 30
     assert kinds[("calculate", True)] == kinds[("calculate", False)] == 30
     assert kinds[("answer", False)] == 80 and not kinds[("answer", True)]
+    n_texts = len({p[1]["content"] for p in df["prompt"]})
+    assert n_texts >= 150, n_texts
     with pytest.raises(ValueError, match="low_gain"):
         generate_rlla_rows(5, seed=0, low_gain=1.5)

@@ -39,7 +39,7 @@ from src.algorithms.losses import router_loss
 from src.config.schema import RouterHeadConfig
 from src.datamodules.synthetic import generate_rlla_rows, ground_truth_family
 from src.formats.tools_block import tool_descriptions
-from src.models.router_policy import RouterPolicy, lambda_window_step
+from src.models.router_policy import RouterPolicy, initial_controller, lambda_window_step
 from src.rollout.batch import RolloutBatch, RouterRollout
 from src.router.cost import make_cost_fn
 from src.router.families import ToolFamilies
@@ -122,7 +122,7 @@ def build_world(n: int = 48, seed: int = 0, noise: float = 0.3) -> World:
 
 class Router:
     """The frozen-embedding "backbone", the real ``RouterPolicy`` and λ with its window, held as
-    the module holds them (two tensors updated by ``lambda_window_step``)."""
+    the module holds them (three tensors updated by ``lambda_window_step``)."""
 
     def __init__(self, embedding: torch.Tensor, entropy_coef: float = 0.0, dual: DualSettings | None = None):
         cfg = RouterHeadConfig(
@@ -131,6 +131,7 @@ class Router:
         self.embedding, self.policy, self.dual = embedding, RouterPolicy(HIDDEN, cfg, adv_eps=1e-6), dual
         self.lam = torch.tensor(0.0)
         self.window = torch.zeros(4, dtype=torch.float64)
+        self.controller = initial_controller(0.0)
 
     def prompt_logits(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> torch.Tensor:
         """[P, 3]: the policy's head over the frozen per-token vectors."""
@@ -144,7 +145,7 @@ class Router:
         """What ``ToolRouterModule.update_lambda`` does on one process (no reduction needed)."""
         cost = rb.router.cost
         totals = torch.tensor([float(cost.sum()), float(rb.rewards.sum()), float(cost.numel())])
-        return lambda_window_step(self.lam, self.window, totals, self.dual)
+        return lambda_window_step(self.lam, self.window, self.controller, totals, self.dual)
 
 
 def rollout_batch(
@@ -353,14 +354,18 @@ def test_router_policy_entropy_schedule_falls_linearly():
     assert [policy.entropy_coef(s) for s in (0, 2, 4, 9)] == pytest.approx([0.5, 0.3, 0.1, 0.1])
 
 
-def _feed(
-    lam: torch.Tensor, window: torch.Tensor, dual: DualSettings, costs: list[torch.Tensor]
-) -> list[float]:
+def _fresh(lambda_init: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """λ, its window and the controller's memory, as the module's buffers start."""
+    return torch.tensor(lambda_init), torch.zeros(4, dtype=torch.float64), initial_controller(lambda_init)
+
+
+def _feed(state: tuple, dual: DualSettings, costs: list[torch.Tensor]) -> list[float]:
     """One ``lambda_window_step`` per step's costs (one process); λ after each step."""
+    lam, window, controller = state
     out = []
     for cost in costs:
         totals = torch.tensor([float(cost.sum()), float(cost.numel()), float(cost.numel())])
-        lambda_window_step(lam, window, totals, dual)
+        lambda_window_step(lam, window, controller, totals, dual)
         out.append(float(lam))
     return out
 
@@ -370,7 +375,7 @@ def test_lambda_window_step_is_lagrange_update_on_window_means_and_resumes_exact
     costs = [torch.rand(int(torch.randint(3, 9, (1,), generator=g)), generator=g) for _ in range(14)]
     dual = DualSettings(budget=0.3, lr=0.7, every_k=3)
 
-    got = _feed(torch.tensor(0.0), torch.zeros(4, dtype=torch.float64), dual, costs)
+    got = _feed(_fresh(), dual, costs)
     lam, expected, window = 0.0, [], []
     for step, cost in enumerate(costs):
         window.append(cost)
@@ -382,12 +387,32 @@ def test_lambda_window_step_is_lagrange_update_on_window_means_and_resumes_exact
     assert len(set(got)) > 2  # λ moved, and stayed >= 0
     assert min(got) >= 0
 
-    # stop mid-window (step 7 of windows of 3), copy the two tensors (the checkpoint), continue
-    lam_t, window_t = torch.tensor(0.0), torch.zeros(4, dtype=torch.float64)
-    _feed(lam_t, window_t, dual, costs[:7])
-    resumed = (copy.deepcopy(lam_t), copy.deepcopy(window_t))
-    assert _feed(*resumed, dual, costs[7:]) == pytest.approx(got[7:], abs=1e-12)
-    capped = _feed(
-        torch.tensor(0.0), torch.zeros(4, dtype=torch.float64), DualSettings(0.0, 5.0, 1, 0.4), costs
-    )
+    # stop mid-window (step 7 of windows of 3), copy the three tensors (the checkpoint), continue
+    state = _fresh()
+    _feed(state, dual, costs[:7])
+    assert _feed(copy.deepcopy(state), dual, costs[7:]) == pytest.approx(got[7:], abs=1e-12)
+    capped = _feed(_fresh(), DualSettings(0.0, 5.0, 1, 0.4), costs)
     assert max(capped) == pytest.approx(0.4)  # lambda_max caps λ
+
+
+def test_lambda_window_step_runs_the_pid_controller_and_resumes_it_exactly():
+    from src.algorithms.dual_update import DualGains, dual_step, init_dual_state
+
+    g = torch.Generator().manual_seed(1)
+    costs = [torch.rand(int(torch.randint(3, 9, (1,), generator=g)), generator=g) for _ in range(12)]
+    dual = DualSettings(0.3, 0.3, every_k=2, update="pid", kp=1.5, kd=2.0, cost_ema=0.6)
+    got = _feed(_fresh(0.2), dual, costs)
+    gains = DualGains(ki=0.3, kp=1.5, kd=2.0, cost_ema=0.6)
+    state, expected, window = init_dual_state(0.2), [], []
+    for step, cost in enumerate(costs):
+        window.append(cost)
+        if (step + 1) % 2 == 0:
+            state = dual_step("pid", state, float(torch.cat(window).mean()), 0.3, gains)
+            window = []
+        expected.append(state.lam)
+    assert got == pytest.approx(expected, abs=1e-6)
+    assert got != _feed(_fresh(0.2), DualSettings(0.3, 0.3, every_k=2), costs)  # P and D count
+
+    first = _fresh(0.2)
+    _feed(first, dual, costs[:5])
+    assert _feed(copy.deepcopy(first), dual, costs[5:]) == pytest.approx(got[5:], abs=1e-12)

@@ -66,8 +66,14 @@ def test_infer_parquet_json_with_forced_route(router_run, test_parquet):
         "answer",
         "--json",
     ).stdout
-    items = [json.loads(line) for line in out.splitlines()]
+    *items, summary = [json.loads(line) for line in out.splitlines()]
     assert len(items) == 2
+    assert summary == {
+        "prompts": 2,
+        "budget": None,
+        "tool_route_rate": 0.0,
+        "tool_call_rate": summary["tool_call_rate"],
+    }
     expected_uids = pd.read_parquet(test_parquet)["extra_info"].map(lambda e: e["index"]).tolist()[:2]
     assert [it["id"] for it in items] == [f"uid {u}" for u in expected_uids]
     for it in items:
@@ -75,6 +81,35 @@ def test_infer_parquet_json_with_forced_route(router_run, test_parquet):
         system = it["messages"][0]["content"]
         assert "**Available Tools**" not in system and "**Answer Directly**" in system
         assert it["cost"] == float(it["usage"]["used_any_tool"])  # router_grpo's cost is any_tool
+
+
+def test_evaluate_routing_reports_shares_auc_and_a_budget_it_keeps(router_run, test_parquet, tmp_path):
+    summary_path = tmp_path / "routing.json"
+    out = _run(
+        "evaluate.py", "--run", str(router_run), "--routing", test_parquet, "--budget", "0.25",
+        "--summary", str(summary_path),
+    ).stdout  # fmt: skip
+    assert "label \\ route (greedy)" in out and "answer-vs-tool AUC" in out
+    report = json.loads(summary_path.read_text())
+    n = report["n"]
+    assert n == len(pd.read_parquet(test_parquet))
+    for reading in ("greedy", "sampled"):
+        assert 0.0 <= report[reading]["tool_rate"] <= 1.0
+    assert sum(row["n"] for row in report["shares_greedy"].values()) == n
+    # calibrated on the same prompts: at most floor(B * n) of them go to a tool
+    assert report["budgeted"]["tool_rate"] <= int(0.25 * n) / n + 1e-9
+    assert report["calibration"]["tool_rate"] == report["budgeted"]["tool_rate"]
+
+
+def test_infer_route_only_under_a_budget_keeps_it_on_held_out_prompts(router_run, test_parquet):
+    out = _run(
+        "infer.py", "--run", str(router_run), "--parquet", test_parquet, "--limit", "0", "--budget", "0.5",
+        "--calibrate", test_parquet, "--route-only",
+    ).stdout  # fmt: skip
+    *items, summary = [json.loads(line) for line in out.splitlines()]
+    assert summary["prompts"] == len(items) == len(pd.read_parquet(test_parquet))
+    assert summary["budget"] == 0.5 and summary["tool_route_rate"] <= 0.5
+    assert summary["tool_route_rate"] == sum(it["route"] != "answer" for it in items) / len(items)
 
 
 def test_evaluate_summary_and_rows(router_run, test_parquet, tmp_path):
