@@ -67,21 +67,26 @@ def lambda_window_step(
 ) -> dict[str, float]:
     """Add one step's [cost sum, reward sum, count] (over every rank) to ``window`` [4] (its last
     entry counts steps); every ``dual.every_k`` steps move ``lam`` by the controller
-    (``window_lagrange_step``), whose memory ``controller`` [4] holds (integral, cost average, P, D),
-    and empty the window. Updates the three tensors in place; returns the scalars to log."""
+    (``window_lagrange_step``), whose memory ``controller`` [5] holds (integral, cost average, P, D,
+    updates so far: the average exists from the first update on), and empty the window. Updates the
+    three tensors in place; returns the scalars to log."""
     window[:3] += step_totals.to(window)
     window[3] += 1
     if int(window[3]) % max(int(dual.every_k), 1):
         return {}
-    integral, cost_avg, p, d = (float(v) for v in controller)
+    integral, cost_avg, p, d, updates = (float(v) for v in controller)
+    cost_avg = cost_avg if updates else float("nan")  # DualState's "no average yet"
     state = DualState(lam=float(lam), integral=integral, cost_avg=cost_avg, p=p, d=d)
     new, scalars = window_lagrange_step(state, window[:3], dual)
     lam.fill_(new.lam)
-    controller.copy_(torch.tensor([new.integral, new.cost_avg, new.p, new.d], dtype=controller.dtype))
+    memory = [new.integral, new.cost_avg, new.p, new.d, updates + 1]
+    controller.copy_(torch.tensor(memory, dtype=controller.dtype))
     window[:3] = 0
     return scalars
 
 
 def initial_controller(lambda_init: float) -> torch.Tensor:
-    """The controller's memory before any update: integral = λ_init, no cost average yet (NaN)."""
-    return torch.tensor([float(lambda_init), float("nan"), 0.0, 0.0], dtype=torch.float64)
+    """The controller's memory before any update: integral = λ_init, no cost average (0 updates).
+
+    No NaN in a buffer: checkpoints and weight comparisons stay plain numbers."""
+    return torch.tensor([float(lambda_init), 0.0, 0.0, 0.0, 0.0], dtype=torch.float64)

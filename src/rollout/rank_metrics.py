@@ -20,12 +20,21 @@ __all__ = ["all_rank_rollout_metrics"]
 
 
 @dataclass(frozen=True)
+class _RouterRewards:
+    reward: torch.Tensor  # [n_ranks * N] r_router of every rank's rows
+
+
+@dataclass(frozen=True)
 class _AllRankRows:
-    """What :func:`rollout_metrics` reads: every rank's rows and a [n_ranks * N, T] stand-in mask
-    whose mean is the all-rank share of response tokens."""
+    """What :func:`rollout_metrics` reads: every rank's rows, rewards [n_ranks * N], uids and
+    router rewards (or None), and a stand-in mask whose mean is the all-rank share of response
+    tokens."""
 
     rows: list[dict]
     response_mask: torch.Tensor
+    rewards: torch.Tensor
+    uids: list
+    router: _RouterRewards | None
 
 
 def all_rank_rollout_metrics(rb: RolloutBatch, prefix: str = "train") -> dict[str, float]:
@@ -35,9 +44,15 @@ def all_rank_rollout_metrics(rb: RolloutBatch, prefix: str = "train") -> dict[st
     mask = rb.response_mask
     parts: list = [None] * dist.get_world_size()
     # objects, not tensors: the same call works over gloo and nccl, and the rows are needed anyway
-    dist.all_gather_object(parts, (rb.rows, int(mask.sum()), mask.numel()))
+    router = None if rb.router is None else rb.router.reward.cpu()
+    dist.all_gather_object(
+        parts, (rb.rows, int(mask.sum()), mask.numel(), rb.rewards.cpu(), list(rb.uids), router)
+    )
     rows = [r for p in parts for r in p[0]]
     ones, total = sum(p[1] for p in parts), sum(p[2] for p in parts)
     stand_in = torch.zeros(total)
     stand_in[:ones] = 1.0
-    return rollout_metrics(_AllRankRows(rows, stand_in), prefix)
+    rewards = torch.cat([p[3] for p in parts])
+    uids = [u for p in parts for u in p[4]]
+    routers = None if router is None else _RouterRewards(torch.cat([p[5] for p in parts]))
+    return rollout_metrics(_AllRankRows(rows, stand_in, rewards, uids, routers), prefix)
