@@ -36,7 +36,7 @@ def lesson_files(lesson, lesson_id: str, cache_dir: str | Path) -> tuple[list[st
         return list(lesson.train_files), list(lesson.eval_files)
     out = Path(cache_dir) / "data" / "lessons"
     if lesson.source == "synthetic":
-        from src.datamodules.synthetic import GENERATOR_VERSION, write_synthetic_rlla
+        from src.datamodules.synthetic import GENERATOR_VERSION, SyntheticOptions, write_synthetic_rlla
 
         key = f"single-v{GENERATOR_VERSION}-n{lesson.n_train}-{lesson.n_eval}-s{lesson.seed}"
         key += f"-p{lesson.p_search}-{lesson.p_calculate}-{lesson.p_answer}"
@@ -45,9 +45,7 @@ def lesson_files(lesson, lesson_id: str, cache_dir: str | Path) -> tuple[list[st
             lesson.n_train,
             lesson.n_eval,
             lesson.seed,
-            lesson.p_search,
-            lesson.p_calculate,
-            lesson.p_answer,
+            SyntheticOptions(lesson.p_search, lesson.p_calculate, lesson.p_answer),
         )
     elif lesson.source == "synthetic_multi":
         from src.datamodules.synthetic_multi import write_multi_call_rlla

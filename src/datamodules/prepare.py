@@ -15,7 +15,7 @@ log = logging.getLogger(__name__)
 
 
 def _synthetic_files(synthetic: Mapping[str, Any], cache_dir: str) -> tuple[list[str], list[str]]:
-    from src.datamodules.synthetic import GENERATOR_VERSION, write_synthetic_rlla
+    from src.datamodules.synthetic import GENERATOR_VERSION, SyntheticOptions, write_synthetic_rlla
 
     s = dict(synthetic)
     name = (
@@ -27,7 +27,8 @@ def _synthetic_files(synthetic: Mapping[str, Any], cache_dir: str) -> tuple[list
     train, test = out / "train.parquet", out / "test.parquet"
     intact = [discard_if_broken(f, parquet_intact) for f in (train, test)]
     if not all(intact):
-        write_synthetic_rlla(out, **s)
+        n_train, n_test, seed = s.pop("n_train"), s.pop("n_test"), s.pop("seed")
+        write_synthetic_rlla(out, n_train, n_test, seed, SyntheticOptions(**s))
     return [str(train)], [str(test)]
 
 

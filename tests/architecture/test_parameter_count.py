@@ -20,9 +20,6 @@ KNOWN = {
     "src/algorithms/rlvcr_advantage.py thinking_advantage",
     "src/algorithms/policy_losses.py ppo_clip_loss",
     # data builders called from Hydra ``_target_`` with the data group's keys
-    "src/datamodules/synthetic.py write_synthetic_rlla",
-    "src/datamodules/synthetic.py generate_rlla_rows",
-    "src/datamodules/synthetic.py _make_row",
     "src/datamodules/prepare.py rlla_datamodule",
     "src/datamodules/prepare.py seeds_datamodule",
     "src/datamodules/rlla_datamodule.py __init__",
