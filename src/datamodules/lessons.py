@@ -17,7 +17,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader
 
-from src.datamodules.rlla_datamodule import RLLADataModule
+from src.datamodules.rlla_datamodule import LoaderSettings, RLLADataModule
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ def lesson_files(lesson, lesson_id: str, cache_dir: str | Path) -> tuple[list[st
 
 def load_lesson(train_files, eval_files, tokenizer, max_prompt_length: int) -> LessonData:
     """Read, validate and length-filter a lesson's rows exactly as the RLLA DataModule does."""
-    dm = RLLADataModule(train_files, eval_files, tokenizer, max_prompt_length, batch_size=1)
+    dm = RLLADataModule(train_files, eval_files, tokenizer, LoaderSettings(max_prompt_length, batch_size=1))
     dm.setup("fit")
     return LessonData(list(dm.train_dataset.records), list(dm.val_dataset.records))
 

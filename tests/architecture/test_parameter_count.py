@@ -20,9 +20,6 @@ KNOWN = {
     "src/algorithms/rlvcr_advantage.py thinking_advantage",
     "src/algorithms/policy_losses.py ppo_clip_loss",
     # data builders called from Hydra ``_target_`` with the data group's keys
-    "src/datamodules/prepare.py rlla_datamodule",
-    "src/datamodules/prepare.py seeds_datamodule",
-    "src/datamodules/rlla_datamodule.py __init__",
     # inference
     "src/jobs/inference.py respond_batch",
     "src/jobs/inference.py respond",
