@@ -19,10 +19,6 @@ KNOWN = {
     "src/algorithms/rlvcr_advantage.py rlvcr_advantage",
     "src/algorithms/rlvcr_advantage.py thinking_advantage",
     "src/algorithms/policy_losses.py ppo_clip_loss",
-    # data builders called from Hydra ``_target_`` with the data group's keys
-    # inference
-    "src/jobs/inference.py respond_batch",
-    "src/jobs/inference.py respond",
 }
 
 
