@@ -44,7 +44,8 @@ Adding one (literally one file and one yaml):
 
    then ``python scripts/train.py experiment=grpo algorithm=my_adv``. The shared keys
    (``norm_adv_by_std`` -> ``norm_by_std``, ``adv_eps`` -> ``eps``, ``clip_ratio_low/high`` ->
-   ``clip_low/high``, ``clip_ratio_c``, ``log_ratio_clamp``) reach any function that takes them.
+   ``clip_low/high``, ``clip_ratio_c``, ``log_ratio_clamp``, and all four as one ``PPOClip`` named
+   ``clip``) reach any function that takes them.
 """
 
 from __future__ import annotations

@@ -18,7 +18,6 @@ KNOWN = {
     # registry functions: their keyword parameters are the algorithm config's keys (bound by name)
     "src/algorithms/rlvcr_advantage.py rlvcr_advantage",
     "src/algorithms/rlvcr_advantage.py thinking_advantage",
-    "src/algorithms/policy_losses.py ppo_clip_loss",
 }
 
 
