@@ -118,6 +118,9 @@ def evaluate_rows(policy, records, args) -> list[dict]:
     (``Policy.respond_batch`` with the rows' ground truths, reward settings from the run's config)."""
     import torch
 
+    from src.jobs.inference import InferenceSettings
+
+    settings = InferenceSettings(args.temperature, args.top_p, args.max_new_tokens, args.sample_route)
     generator = torch.Generator().manual_seed(args.seed)
     rows = []
     for start in range(0, len(records), args.batch_size):
@@ -125,11 +128,8 @@ def evaluate_rows(policy, records, args) -> list[dict]:
         results = policy.respond_batch(
             [r.messages for r in chunk],
             [r.data_source for r in chunk],
-            temperature=args.temperature,
-            top_p=args.top_p,
-            max_new_tokens=args.max_new_tokens,
             routes=None if args.route is None else [args.route] * len(chunk),
-            sample_route=args.sample_route,
+            settings=settings,
             generator=generator,
             ground_truths=[r.ground_truth for r in chunk],
         )

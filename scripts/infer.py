@@ -171,12 +171,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import torch
 
-    from src.jobs.inference import load_router_policy
+    from src.jobs.inference import InferenceSettings, load_router_policy
 
     torch.manual_seed(args.seed)
     prompts = prompts_from(args)
     policy = load_router_policy(
         args.run or args.ckpt, device=args.device, dtype=args.dtype, max_new_tokens=args.max_new_tokens
+    )
+    settings = InferenceSettings(
+        temperature=args.temperature, top_p=args.top_p, sample_route=args.sample_route
     )
     generator = torch.Generator().manual_seed(args.seed)
     budgeted = budget_route_fn(policy, args)
@@ -193,10 +196,8 @@ def main(argv: list[str] | None = None) -> int:
         result = policy.respond(
             messages,
             ds,
-            temperature=args.temperature,
-            top_p=args.top_p,
             route=route,
-            sample_route=args.sample_route,
+            settings=settings,
             generator=generator,
         )
         routed_tool += (result.route or "answer") != "answer"

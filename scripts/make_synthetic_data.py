@@ -17,7 +17,7 @@ from collections import Counter
 
 import pandas as pd
 
-from src.datamodules.synthetic import ground_truth_family, write_synthetic_rlla
+from src.datamodules.synthetic import SyntheticOptions, ground_truth_family, write_synthetic_rlla
 
 log = logging.getLogger("make_synthetic_data")
 
@@ -51,14 +51,16 @@ def main(argv: list[str] | None = None) -> int:
             args.n_train,
             args.n_test,
             seed=args.seed,
-            p_search=args.p_search,
-            p_calculate=args.p_calculate,
-            p_answer=args.p_answer,
-            data_source=args.data_source,
-            min_tools=args.min_tools,
-            max_tools=args.max_tools,
-            max_params=args.max_params,
-            low_gain=args.low_gain,
+            options=SyntheticOptions(
+                p_search=args.p_search,
+                p_calculate=args.p_calculate,
+                p_answer=args.p_answer,
+                data_source=args.data_source,
+                min_tools=args.min_tools,
+                max_tools=args.max_tools,
+                max_params=args.max_params,
+                low_gain=args.low_gain,
+            ),
         )
     except ValueError as err:
         log.error("%s", err)

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from src.analysis import last_steps_check, reward_by_request_class
-from src.datamodules.synthetic import write_synthetic_rlla
+from src.datamodules.synthetic import SyntheticOptions, write_synthetic_rlla
 from src.datamodules.synthetic_text import request_class
 
 
@@ -25,7 +25,11 @@ def test_last_steps_check_reports_per_label_recall_beside_family_accuracy():
 
 def test_reward_by_request_class_reads_each_uid_class_from_the_files(tmp_path):
     paths = write_synthetic_rlla(
-        tmp_path, 60, 20, seed=1, p_search=0.3, p_calculate=0.3, p_answer=0.4, low_gain=0.5
+        tmp_path,
+        60,
+        20,
+        seed=1,
+        options=SyntheticOptions(p_search=0.3, p_calculate=0.3, p_answer=0.4, low_gain=0.5),
     )
     train = pd.read_parquet(paths["train"])
     uids = [int(e["index"]) for e in train["extra_info"]]

@@ -6,8 +6,8 @@ Registries pick math by name from the ``algorithm`` config:
   (index = group id of each row; groups of one get advantage 0). Built in: ``grpo``, ``dr_grpo``,
   ``rloo``, ``reinforce_pp``.
 * The second, per-step contract (``rlvcr``): ``fn(traj_rewards [E], traj_groups [E],
-  step_episode [S], level_scores [S, 4], level_costs [S, 4], orig_level [S], qualifies [S], **params)
-  -> RlvcrAdvantages`` (per-step and per-trajectory advantages), computed on the rollout side (``rollout/rlvcr/augment.py``) with ``rlvcr_steps.py`` (qualify, format penalty,
+  steps: StepLevels (step_episode [S], level_scores [S, 4], level_costs [S, 4], orig_level [S],
+  qualifies [S]), params: RlvcrParams) -> RlvcrAdvantages`` (per-step and per-trajectory advantages), computed on the rollout side (``rollout/rlvcr/augment.py``) with ``rlvcr_steps.py`` (qualify, format penalty,
   scatter onto tokens); it reaches the module as ``RolloutBatch.token_advantages`` [N, T]
   (``models/module.py:ROLLOUT_SIDE_ESTIMATORS``) and composes with any policy loss.
 * The Lagrangian reward and λ: ``lagrange.py`` (``lagrangian_reward``, ``lagrange_update``,
@@ -44,7 +44,8 @@ Adding one (literally one file and one yaml):
 
    then ``python scripts/train.py experiment=grpo algorithm=my_adv``. The shared keys
    (``norm_adv_by_std`` -> ``norm_by_std``, ``adv_eps`` -> ``eps``, ``clip_ratio_low/high`` ->
-   ``clip_low/high``, ``clip_ratio_c``, ``log_ratio_clamp``) reach any function that takes them.
+   ``clip_low/high``, ``clip_ratio_c``, ``log_ratio_clamp``, and all four as one ``PPOClip`` named
+   ``clip``) reach any function that takes them.
 """
 
 from __future__ import annotations

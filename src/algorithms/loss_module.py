@@ -16,7 +16,7 @@ import torch
 
 from src.algorithms.advantages import ADVANTAGES
 from src.algorithms.aggregation import LOSS_AGG, aggregate, normaliser
-from src.algorithms.policy_losses import POLICY_LOSSES, PolicyLossOutput
+from src.algorithms.policy_losses import POLICY_LOSSES, PolicyLossOutput, PPOClip
 
 OLD_LOG_PROB_SOURCES = ("recompute", "rollout")
 
@@ -96,12 +96,13 @@ def build_loss_module(cfg: Any) -> LossModule:
         dict(cfg.adv_params or {}),
         "algorithm.adv_params",
     )
-    standard = {
+    clip = {
         "clip_low": cfg.clip_ratio_low,
         "clip_high": cfg.clip_ratio_high,
         "clip_ratio_c": cfg.clip_ratio_c,
         "log_ratio_clamp": cfg.log_ratio_clamp,
     }
+    standard = {**clip, "clip": PPOClip(**clip)}
     loss = bind_params(
         POLICY_LOSSES.get(cfg.policy_loss),
         standard,

@@ -8,6 +8,7 @@ Aggregation to a scalar is separate (``src.algorithms.aggregation``).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -38,30 +39,45 @@ def _clipped_surrogate(
     return torch.maximum(unclipped, clipped), clipped > unclipped
 
 
+@dataclass(frozen=True)
+class PPOClip:
+    """PPO clip settings (built by ``build_loss_module`` from ``algorithm.clip_ratio_low/high``,
+    ``clip_ratio_c``, ``log_ratio_clamp``).
+
+    clip_low / clip_high: the ratio is clipped to [1 - clip_low, 1 + clip_high].
+    clip_ratio_c: dual-clip bound c > 1 for A < 0; None = off.
+    log_ratio_clamp: |log π - log π_old| clamp before exp.
+    """
+
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    clip_ratio_c: float | None = None
+    log_ratio_clamp: float = 20.0
+
+    def __post_init__(self):
+        if self.clip_ratio_c is not None and self.clip_ratio_c <= 1.0:
+            raise ValueError(f"clip_ratio_c must be > 1, got {self.clip_ratio_c}")
+
+
 @register_policy_loss("ppo_clip")
 def ppo_clip_loss(
     log_probs: torch.Tensor,
     old_log_probs: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
-    clip_low: float = 0.2,
-    clip_high: float = 0.2,
-    clip_ratio_c: float | None = None,
-    log_ratio_clamp: float = 20.0,
+    clip: PPOClip = PPOClip(),
 ) -> PolicyLossOutput:
-    """PPO clipped surrogate per token, with optional dual clip.
+    """PPO clipped surrogate per token, with optional dual clip. All inputs [B, T]; outputs [B, T].
 
     r = exp(clamp(log π - log π_old, ±log_ratio_clamp)) (the clamp keeps exp finite);
     loss = max(-A·r, -A·clip(r, 1 - clip_low, 1 + clip_high)); with dual clip (``clip_ratio_c``
     c > 1) where A < 0: loss = min(loss, -A·c), bounding the push on a very unlikely bad token.
     """
-    log_ratio = torch.clamp(log_probs - old_log_probs, -log_ratio_clamp, log_ratio_clamp)
+    log_ratio = torch.clamp(log_probs - old_log_probs, -clip.log_ratio_clamp, clip.log_ratio_clamp)
     ratio = torch.exp(log_ratio)
-    loss, clipped = _clipped_surrogate(ratio, advantages, clip_low, clip_high)
-    if clip_ratio_c is not None:
-        if clip_ratio_c <= 1.0:
-            raise ValueError(f"clip_ratio_c must be > 1, got {clip_ratio_c}")
-        bound = -advantages * clip_ratio_c
+    loss, clipped = _clipped_surrogate(ratio, advantages, clip.clip_low, clip.clip_high)
+    if clip.clip_ratio_c is not None:
+        bound = -advantages * clip.clip_ratio_c
         dual = (advantages < 0) & (loss > bound)
         loss = torch.where(dual, bound, loss)
         clipped = clipped | dual

@@ -66,15 +66,53 @@ def make_level_scores(action_logprob: torch.Tensor, action_entropy: torch.Tensor
     raise ValueError(f"unknown RLVCR score mode {mode!r}; known: {list(SCORE_MODES)}")
 
 
+@dataclass(frozen=True)
+class RlvcrParams:
+    """The scalars of the formula (built from ``algorithm.step_advantage_w``,
+    ``thinking_cost_alpha``, ``cost_max``, ``adv_eps``, ``norm_adv_by_std``).
+
+    cost_max: thinking tokens at which the cost term is -alpha/2 (must be > 0). alpha: weight of
+    the cost term. w: weight of the thinking advantage. eps: z-score denominator offset (also
+    the trajectory GRPO's). norm_by_std: trajectory GRPO divides by the group std. tie_tol:
+    groups whose four rewards spread less than this carry no thinking advantage.
+    """
+
+    cost_max: float
+    alpha: float
+    w: float
+    eps: float = 1e-6
+    norm_by_std: bool = True
+    tie_tol: float = 1e-6
+
+    def __post_init__(self):
+        if self.cost_max <= 0:
+            raise ValueError(f"cost_max must be > 0, got {self.cost_max}")
+
+
+@dataclass(frozen=True)
+class StepLevels:
+    """The S steps of a batch and their four thinking levels.
+
+    step_episode: [S] long, episode index of each step.
+    level_scores: [S, 4] float, score of each level (see ``make_level_scores``).
+    level_costs: [S, 4] thinking tokens of each level's context.
+    orig_level: [S] long, 0-based level used at each step.
+    qualifies: [S] bool, step belongs to a qualifying episode (others: thinking adv 0).
+    """
+
+    step_episode: torch.Tensor
+    level_scores: torch.Tensor
+    level_costs: torch.Tensor
+    orig_level: torch.Tensor
+    qualifies: torch.Tensor
+
+
 def thinking_advantage(
     level_scores: torch.Tensor,
     level_costs: torch.Tensor,
     orig_level: torch.Tensor,
     qualifies: torch.Tensor,
-    cost_max: float,
-    alpha: float,
-    eps: float = 1e-6,
-    tie_tol: float = 1e-6,
+    params: RlvcrParams,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Thinking advantage of the used level within each step's group of four.
 
@@ -83,43 +121,40 @@ def thinking_advantage(
         level_costs: [S, 4] thinking tokens of each level's context.
         orig_level: [S] long, 0-based index of the level used.
         qualifies: [S] bool; False -> thinking advantage 0.
+        params: reads ``cost_max``, ``alpha``, ``eps``, ``tie_tol``.
     Returns:
         (thinking_adv [S], level_reward [S, 4]), float32; see the module docstring.
     """
-    if cost_max <= 0:
-        raise ValueError(f"cost_max must be > 0, got {cost_max}")
     scores = level_scores.float()
-    reward = scores + alpha * (0.5 - level_costs.float() / float(cost_max))
+    reward = scores + params.alpha * (0.5 - level_costs.float() / float(params.cost_max))
     centred = reward - reward.mean(-1, keepdim=True)
     sd = (centred.pow(2).sum(-1, keepdim=True) / (N_LEVELS - 1)).sqrt()
-    z = centred / (sd + eps)
+    z = centred / (sd + params.eps)
     spread = reward.max(-1).values - reward.min(-1).values
     picked = z.gather(-1, orig_level.long()[:, None]).squeeze(-1)
-    keep = qualifies.bool() & (spread > tie_tol) & torch.isfinite(picked)
+    keep = qualifies.bool() & (spread > params.tie_tol) & torch.isfinite(picked)
     return torch.where(keep, picked, torch.zeros_like(picked)), reward
 
 
-def _check_shapes(
-    traj_rewards, traj_groups, step_episode, level_scores, level_costs, orig_level, qualifies
-) -> None:
-    n, s = traj_rewards.shape[0], step_episode.shape[0]
+def _check_shapes(traj_rewards: torch.Tensor, traj_groups: torch.Tensor, steps: StepLevels) -> None:
+    n, s = traj_rewards.shape[0], steps.step_episode.shape[0]
     wanted = {
         "traj_rewards": (traj_rewards, (n,)),
         "traj_groups": (traj_groups, (n,)),
-        "step_episode": (step_episode, (s,)),
-        "level_scores": (level_scores, (s, N_LEVELS)),
-        "level_costs": (level_costs, (s, N_LEVELS)),
-        "orig_level": (orig_level, (s,)),
-        "qualifies": (qualifies, (s,)),
+        "step_episode": (steps.step_episode, (s,)),
+        "level_scores": (steps.level_scores, (s, N_LEVELS)),
+        "level_costs": (steps.level_costs, (s, N_LEVELS)),
+        "orig_level": (steps.orig_level, (s,)),
+        "qualifies": (steps.qualifies, (s,)),
     }
     for name, (tensor, shape) in wanted.items():
         if tuple(tensor.shape) != shape:
             raise ValueError(
                 f"rlvcr_advantage: {name} must have shape {shape} (N={n}, S={s}), got {tuple(tensor.shape)}"
             )
-    if s and (int(step_episode.min()) < 0 or int(step_episode.max()) >= n):
+    if s and (int(steps.step_episode.min()) < 0 or int(steps.step_episode.max()) >= n):
         raise ValueError(f"rlvcr_advantage: step_episode must index episodes 0..{n - 1}")
-    if s and (int(orig_level.min()) < 0 or int(orig_level.max()) >= N_LEVELS):
+    if s and (int(steps.orig_level.min()) < 0 or int(steps.orig_level.max()) >= N_LEVELS):
         raise ValueError("rlvcr_advantage: orig_level must be a 0-based level index in 0..3")
 
 
@@ -127,38 +162,26 @@ def _check_shapes(
 def rlvcr_advantage(
     traj_rewards: torch.Tensor,
     traj_groups: torch.Tensor,
-    step_episode: torch.Tensor,
-    level_scores: torch.Tensor,
-    level_costs: torch.Tensor,
-    orig_level: torch.Tensor,
-    qualifies: torch.Tensor,
-    cost_max: float,
-    alpha: float,
-    w: float,
-    eps: float = 1e-6,
-    norm_by_std: bool = True,
-    tie_tol: float = 1e-6,
+    steps: StepLevels,
+    params: RlvcrParams,
 ) -> RlvcrAdvantages:
     """Per-step RLVCR advantage (formula in the module docstring).
 
     Args:
         traj_rewards: [N] float, one reward per episode.
         traj_groups: [N] long, dense group id per episode (see ``group_ids``).
-        step_episode: [S] long, episode index of each step.
-        level_scores: [S, 4] float, score of each level (see ``make_level_scores``).
-        level_costs: [S, 4] thinking tokens of each level's context.
-        orig_level: [S] long, 0-based level used at each step.
-        qualifies: [S] bool, step belongs to a qualifying episode (others: thinking adv 0).
-        cost_max, alpha, w, eps, norm_by_std, tie_tol: scalars of the formula.
+        steps: ``StepLevels`` of the S steps (step_episode [S], level_scores [S, 4],
+            level_costs [S, 4], orig_level [S], qualifies [S]).
+        params: ``RlvcrParams`` (cost_max, alpha, w, eps, norm_by_std, tie_tol).
     Returns:
         RlvcrAdvantages(thinking_adv [S], advantage [S], trajectory_adv [N], level_reward [S, 4]).
     """
-    _check_shapes(traj_rewards, traj_groups, step_episode, level_scores, level_costs, orig_level, qualifies)
-    traj = grpo_advantage(traj_rewards, traj_groups.long(), eps=eps, norm_by_std=norm_by_std)
+    _check_shapes(traj_rewards, traj_groups, steps)
+    traj = grpo_advantage(traj_rewards, traj_groups.long(), eps=params.eps, norm_by_std=params.norm_by_std)
     think, reward = thinking_advantage(
-        level_scores, level_costs, orig_level, qualifies, cost_max, alpha, eps=eps, tie_tol=tie_tol
+        steps.level_scores, steps.level_costs, steps.orig_level, steps.qualifies, params
     )
-    advantage = traj[step_episode.long()] + w * think
+    advantage = traj[steps.step_episode.long()] + params.w * think
     return RlvcrAdvantages(thinking_adv=think, advantage=advantage, trajectory_adv=traj, level_reward=reward)
 
 

@@ -17,7 +17,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader
 
-from src.datamodules.rlla_datamodule import RLLADataModule
+from src.datamodules.rlla_datamodule import LoaderSettings, RLLADataModule
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ def lesson_files(lesson, lesson_id: str, cache_dir: str | Path) -> tuple[list[st
         return list(lesson.train_files), list(lesson.eval_files)
     out = Path(cache_dir) / "data" / "lessons"
     if lesson.source == "synthetic":
-        from src.datamodules.synthetic import GENERATOR_VERSION, write_synthetic_rlla
+        from src.datamodules.synthetic import GENERATOR_VERSION, SyntheticOptions, write_synthetic_rlla
 
         key = f"single-v{GENERATOR_VERSION}-n{lesson.n_train}-{lesson.n_eval}-s{lesson.seed}"
         key += f"-p{lesson.p_search}-{lesson.p_calculate}-{lesson.p_answer}"
@@ -45,9 +45,7 @@ def lesson_files(lesson, lesson_id: str, cache_dir: str | Path) -> tuple[list[st
             lesson.n_train,
             lesson.n_eval,
             lesson.seed,
-            lesson.p_search,
-            lesson.p_calculate,
-            lesson.p_answer,
+            SyntheticOptions(lesson.p_search, lesson.p_calculate, lesson.p_answer),
         )
     elif lesson.source == "synthetic_multi":
         from src.datamodules.synthetic_multi import write_multi_call_rlla
@@ -64,7 +62,7 @@ def lesson_files(lesson, lesson_id: str, cache_dir: str | Path) -> tuple[list[st
 
 def load_lesson(train_files, eval_files, tokenizer, max_prompt_length: int) -> LessonData:
     """Read, validate and length-filter a lesson's rows exactly as the RLLA DataModule does."""
-    dm = RLLADataModule(train_files, eval_files, tokenizer, max_prompt_length, batch_size=1)
+    dm = RLLADataModule(train_files, eval_files, tokenizer, LoaderSettings(max_prompt_length, batch_size=1))
     dm.setup("fit")
     return LessonData(list(dm.train_dataset.records), list(dm.val_dataset.records))
 

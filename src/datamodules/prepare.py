@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ log = logging.getLogger(__name__)
 
 
 def _synthetic_files(synthetic: Mapping[str, Any], cache_dir: str) -> tuple[list[str], list[str]]:
-    from src.datamodules.synthetic import GENERATOR_VERSION, write_synthetic_rlla
+    from src.datamodules.synthetic import GENERATOR_VERSION, SyntheticOptions, write_synthetic_rlla
 
     s = dict(synthetic)
     name = (
@@ -27,7 +28,8 @@ def _synthetic_files(synthetic: Mapping[str, Any], cache_dir: str) -> tuple[list
     train, test = out / "train.parquet", out / "test.parquet"
     intact = [discard_if_broken(f, parquet_intact) for f in (train, test)]
     if not all(intact):
-        write_synthetic_rlla(out, **s)
+        n_train, n_test, seed = s.pop("n_train"), s.pop("n_test"), s.pop("seed")
+        write_synthetic_rlla(out, n_train, n_test, seed, SyntheticOptions(**s))
     return [str(train)], [str(test)]
 
 
@@ -85,53 +87,62 @@ def prepare_data_files(cfg) -> tuple[list[str], list[str]]:
     return resolve_files(d.kind, d.train_files, d.val_files, d.get("format", "xml"), synthetic, cfg.cache_dir)
 
 
-def rlla_datamodule(
-    *,
-    kind: str,
-    train_files: Any,
-    val_files: Any,
-    format: str,
-    max_prompt_length: int,
-    shuffle: bool,
-    synthetic: Mapping[str, Any],
-    tokenizer: Any,
-    batch_size: int,
-    val_batch_size: int,
-    job_seed: int,
-    cache_dir: str,
-):
-    """RLLA-schema prompts (``data=rlla | rlla_gpt | synthetic``); ``batch_size`` prompts per rank."""
-    from src.datamodules.rlla_datamodule import RLLADataModule
+@dataclass(frozen=True)
+class RllaData:
+    """The ``data`` group's keys for RLLA-schema prompts (schema and defaults: ``RllaDataConfig``)."""
 
-    train, val = resolve_files(kind, train_files, val_files, format, synthetic, cache_dir)
-    return RLLADataModule(
-        train_files=train,
-        val_files=val,
-        tokenizer=tokenizer,
-        max_prompt_length=max_prompt_length,
+    kind: str
+    train_files: Any
+    val_files: Any
+    format: str
+    max_prompt_length: int
+    shuffle: bool
+    synthetic: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class SeedsData:
+    """The ``data`` group's keys for environment seeds (schema and defaults: ``SeedsDataConfig``)."""
+
+    kind: str
+    n_seeds: int
+    seed: int | None
+    shuffle: bool
+
+
+def rlla_datamodule(
+    *, tokenizer: Any, batch_size: int, val_batch_size: int, job_seed: int, cache_dir: str, **group: Any
+):
+    """RLLA-schema prompts (``data=rlla | rlla_gpt | synthetic``); ``batch_size`` prompts per rank.
+
+    ``group``: the ``data`` group's keys (``RllaData``), as Hydra's ``_target_`` call passes them."""
+    from src.datamodules.rlla_datamodule import LoaderSettings, RLLADataModule
+
+    d = RllaData(**group)
+    train, val = resolve_files(d.kind, d.train_files, d.val_files, d.format, d.synthetic, cache_dir)
+    loader = LoaderSettings(
+        max_prompt_length=d.max_prompt_length,
         batch_size=batch_size,
         val_batch_size=val_batch_size,
-        shuffle=shuffle,
+        shuffle=d.shuffle,
         seed=job_seed,
     )
+    return RLLADataModule(train_files=train, val_files=val, tokenizer=tokenizer, loader=loader)
 
 
 def seeds_datamodule(
-    *,
-    kind: str,
-    n_seeds: int,
-    seed: int | None,
-    shuffle: bool,
-    tokenizer: Any,
-    batch_size: int,
-    val_batch_size: int,
-    job_seed: int,
-    cache_dir: str,
+    *, tokenizer: Any, batch_size: int, val_batch_size: int, job_seed: int, cache_dir: str, **group: Any
 ):
-    """Environment seeds (``data=seeds``): ``batch_size`` seeds per rank; ``seed`` null = the job's."""
+    """Environment seeds (``data=seeds``): ``batch_size`` seeds per rank; ``seed`` null = the job's.
+
+    ``group``: the ``data`` group's keys (``SeedsData``), as Hydra's ``_target_`` call passes them."""
     from src.datamodules.seeds import SeedDataModule
 
-    del kind, tokenizer, val_batch_size, cache_dir  # seeds are drawn, not read or tokenised
+    del tokenizer, val_batch_size, cache_dir  # seeds are drawn, not read or tokenised
+    d = SeedsData(**group)
     return SeedDataModule(
-        n_seeds=n_seeds, batch_size=batch_size, seed=job_seed if seed is None else seed, shuffle=shuffle
+        n_seeds=d.n_seeds,
+        batch_size=batch_size,
+        seed=job_seed if d.seed is None else d.seed,
+        shuffle=d.shuffle,
     )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from src.datamodules.schema import RLLARecord, read_rlla_parquet
 
 __all__ = [
     "EpochSeededSampler",
+    "LoaderSettings",
     "RLLADataModule",
     "RLLADataset",
     "list_collate",
@@ -66,17 +68,34 @@ class RLLADataset(Dataset):
         }
 
 
+@dataclass(frozen=True)
+class LoaderSettings:
+    """How an ``RLLADataModule`` filters and serves its rows.
+
+    max_prompt_length: prompts with more tokens are dropped (``filter_overlong``) or kept and counted.
+    batch_size / val_batch_size: prompts per batch (val defaults to batch_size).
+    shuffle, seed: training order is a permutation seeded by (seed, epoch); the position in it
+        is checkpointed (``state_dict``), so a resumed run continues mid-epoch exactly.
+    drop_last: drop the last partial training batch.
+    """
+
+    max_prompt_length: int
+    batch_size: int
+    val_batch_size: int | None = None
+    shuffle: bool = True
+    seed: int = 0
+    num_workers: int = 0
+    filter_overlong: bool = True
+    drop_last: bool = False
+
+
 class RLLADataModule(L.LightningDataModule):
     """Reads, validates, length-filters and serves RLLA prompts.
 
     Args:
         train_files / val_files: RLLA-schema parquet paths (any ``data_source``).
         tokenizer: HF tokenizer with a chat template (used to measure prompt length).
-        max_prompt_length: prompts with more tokens are dropped (``filter_overlong``) or kept and counted.
-        batch_size / val_batch_size: prompts per batch (val defaults to batch_size).
-        shuffle, seed: training order is a permutation seeded by (seed, epoch); the position in it
-            is checkpointed (``state_dict``), so a resumed run continues mid-epoch exactly.
-        drop_last: drop the last partial training batch.
+        loader: ``LoaderSettings`` (length filter, batch sizes, order).
     """
 
     def __init__(
@@ -84,30 +103,28 @@ class RLLADataModule(L.LightningDataModule):
         train_files: Sequence[str | Path],
         val_files: Sequence[str | Path],
         tokenizer: Any,
-        max_prompt_length: int,
-        batch_size: int,
-        val_batch_size: int | None = None,
-        shuffle: bool = True,
-        seed: int = 0,
-        num_workers: int = 0,
-        filter_overlong: bool = True,
-        drop_last: bool = False,
+        loader: LoaderSettings,
     ):
         super().__init__()
+        o = loader
         if isinstance(train_files, (str, Path)) or isinstance(val_files, (str, Path)):
             raise TypeError("train_files and val_files must be lists of paths, not a single path")
-        if max_prompt_length <= 0 or batch_size <= 0 or (val_batch_size is not None and val_batch_size <= 0):
+        if (
+            o.max_prompt_length <= 0
+            or o.batch_size <= 0
+            or (o.val_batch_size is not None and o.val_batch_size <= 0)
+        ):
             raise ValueError("max_prompt_length, batch_size and val_batch_size must be positive")
         if getattr(tokenizer, "chat_template", None) is None:
             raise ValueError("tokenizer has no chat_template; RLLA prompts are chat messages")
         self.train_files = [str(f) for f in train_files]
         self.val_files = [str(f) for f in val_files]
         self.tokenizer = tokenizer
-        self.max_prompt_length = max_prompt_length
-        self.batch_size = batch_size
-        self.val_batch_size = val_batch_size or batch_size
-        self.shuffle, self.seed, self.num_workers = shuffle, seed, num_workers
-        self.filter_overlong, self.drop_last = filter_overlong, drop_last
+        self.max_prompt_length = o.max_prompt_length
+        self.batch_size = o.batch_size
+        self.val_batch_size = o.val_batch_size or o.batch_size
+        self.shuffle, self.seed, self.num_workers = o.shuffle, o.seed, o.num_workers
+        self.filter_overlong, self.drop_last = o.filter_overlong, o.drop_last
         self.train_dataset: RLLADataset | None = None
         self.val_dataset: RLLADataset | None = None
         self.stats: dict[str, dict[str, Any]] = {}

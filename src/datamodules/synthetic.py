@@ -40,6 +40,7 @@ from src.datamodules.synthetic_text import make_request, request_class
 __all__ = [
     "FAMILIES",
     "TOOLS",
+    "SyntheticOptions",
     "ToolSpec",
     "build_system_prompt",
     "build_user_turn",
@@ -274,50 +275,64 @@ def _make_row(rng: _R, spec: _RowSpec, index: int, data_source: str) -> tuple[di
     return row, template
 
 
-def _check_args(n: int, low_gain: float, min_tools: int, max_tools: int, max_params: int) -> None:
-    if not 0.0 <= low_gain <= 1.0:
-        raise ValueError(f"low_gain must be in [0, 1], got {low_gain}")
+@dataclass(frozen=True)
+class SyntheticOptions:
+    """What the generator draws, beside the row count and seed.
+
+    p_search / p_calculate / p_answer: family proportions (exact counts by largest remainder).
+    data_source: every row's ``data_source``. min_tools / max_tools / max_params: the tools listed
+    per row and the cap on their parameters in all. low_gain: the share of each tool family's rows
+    that are vague requests.
+    """
+
+    p_search: float = 0.35
+    p_calculate: float = 0.35
+    p_answer: float = 0.3
+    data_source: str = "rlla"
+    min_tools: int = 4
+    max_tools: int = 4
+    max_params: int = 8
+    low_gain: float = 0.0
+
+
+def _check_args(n: int, o: SyntheticOptions) -> None:
+    if not 0.0 <= o.low_gain <= 1.0:
+        raise ValueError(f"low_gain must be in [0, 1], got {o.low_gain}")
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
     lo = 2 * _PER_FAMILY
-    if not lo <= min_tools <= max_tools <= len(_TOOL_LIST):
+    if not lo <= o.min_tools <= o.max_tools <= len(_TOOL_LIST):
         raise ValueError(
-            f"need {lo} <= min_tools <= max_tools <= {len(_TOOL_LIST)}, got {min_tools}, {max_tools}"
+            f"need {lo} <= min_tools <= max_tools <= {len(_TOOL_LIST)}, got {o.min_tools}, {o.max_tools}"
         )
-    if max_params < _MIN_PARAM_BUDGET:
+    if o.max_params < _MIN_PARAM_BUDGET:
         raise ValueError(f"max_params must be >= {_MIN_PARAM_BUDGET} (two tools of each family)")
 
 
 def generate_rows_with_templates(
     n: int,
     seed: int,
-    p_search: float = 0.35,
-    p_calculate: float = 0.35,
-    p_answer: float = 0.3,
+    options: SyntheticOptions = SyntheticOptions(),
     split: str = "train",
     start_index: int = 0,
-    data_source: str = "rlla",
-    min_tools: int = 4,
-    max_tools: int = 4,
-    max_params: int = 8,
-    low_gain: float = 0.0,
 ) -> tuple[pd.DataFrame, list[str]]:
     """``generate_rlla_rows`` plus each row's request template id (in row order)."""
-    _check_args(n, low_gain, min_tools, max_tools, max_params)
+    o = options
+    _check_args(n, o)
     rng = random.Random(seed)
-    counts = _family_counts(n, (p_search, p_calculate, p_answer))
+    counts = _family_counts(n, (o.p_search, o.p_calculate, o.p_answer))
     kinds = []
     for kind, count in zip(TASK_KINDS, counts):
-        n_vague = 0 if kind == "answer" else _family_counts(count, (1.0 - low_gain, low_gain))[1]
+        n_vague = 0 if kind == "answer" else _family_counts(count, (1.0 - o.low_gain, o.low_gain))[1]
         kinds += [(kind, i < n_vague) for i in range(count)]
     rng.shuffle(kinds)
     template_split = "test" if split == "test" else "train"
     made = [
         _make_row(
             rng,
-            _RowSpec(kind, vague, template_split, min_tools, max_tools, max_params),
+            _RowSpec(kind, vague, template_split, o.min_tools, o.max_tools, o.max_params),
             start_index + i,
-            data_source,
+            o.data_source,
         )
         for i, (kind, vague) in enumerate(kinds)
     ]
@@ -327,16 +342,16 @@ def generate_rows_with_templates(
     return df, [template for _, template in made]
 
 
-def generate_rlla_rows(n: int, seed: int, **kwargs: Any) -> pd.DataFrame:
+def generate_rlla_rows(
+    n: int, seed: int, *, split: str = "train", start_index: int = 0, **options: Any
+) -> pd.DataFrame:
     """``n`` synthetic RLLA rows, deterministic in ``seed``.
 
-    Keyword arguments as ``generate_rows_with_templates``: family proportions (p_search,
-    p_calculate, p_answer; exact counts by largest remainder, shuffled order), ``split`` ("test"
-    draws from the held-out templates, anything else from the training ones), ``low_gain`` (the
-    share of each tool family's rows that are vague requests), ``start_index`` (first
-    ``extra_info.index``), ``min_tools`` / ``max_tools`` / ``max_params`` (listed tools).
+    ``options``: ``SyntheticOptions`` fields (family proportions, ``low_gain``, listed tools).
+    ``split`` ("test" draws from the held-out templates, anything else from the training ones),
+    ``start_index`` (first ``extra_info.index``).
     """
-    return generate_rows_with_templates(n, seed, **kwargs)[0]
+    return generate_rows_with_templates(n, seed, SyntheticOptions(**options), split, start_index)[0]
 
 
 def write_rlla_parquet(df: pd.DataFrame, path: str | Path) -> Path:
@@ -354,14 +369,7 @@ def write_synthetic_rlla(
     n_train: int,
     n_test: int,
     seed: int = 0,
-    p_search: float = 0.35,
-    p_calculate: float = 0.35,
-    p_answer: float = 0.3,
-    data_source: str = "rlla",
-    min_tools: int = 4,
-    max_tools: int = 4,
-    max_params: int = 8,
-    low_gain: float = 0.0,
+    options: SyntheticOptions = SyntheticOptions(),
 ) -> dict[str, Path]:
     """Write ``train.parquet`` and ``test.parquet`` under ``out_dir``; returns {"train": path, "test": path}.
 
@@ -369,18 +377,8 @@ def write_synthetic_rlla(
     test request appears in training) and indices after the train split's, so uids are unique
     over both files.
     """
-    common = dict(
-        p_search=p_search,
-        p_calculate=p_calculate,
-        p_answer=p_answer,
-        data_source=data_source,
-        min_tools=min_tools,
-        max_tools=max_tools,
-        max_params=max_params,
-        low_gain=low_gain,
-    )
-    train = generate_rlla_rows(n_train, seed, split="train", start_index=0, **common)
-    test = generate_rlla_rows(n_test, seed + 1, split="test", start_index=n_train, **common)
+    train = generate_rows_with_templates(n_train, seed, options, "train", 0)[0]
+    test = generate_rows_with_templates(n_test, seed + 1, options, "test", n_train)[0]
     out = Path(out_dir)
     return {
         "train": write_rlla_parquet(train, out / "train.parquet"),

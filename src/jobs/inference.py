@@ -28,6 +28,7 @@ from src.router.usage import ToolUsage
 
 __all__ = [
     "InferenceResult",
+    "InferenceSettings",
     "Policy",
     "ToolCall",
     "load_router_policy",
@@ -142,6 +143,17 @@ class InferenceResult:
 
 
 # ---------------------------------------------------------------------------- the policy
+@dataclass(frozen=True)
+class InferenceSettings:
+    """How ``Policy.respond`` answers: ``temperature`` 0 is greedy decoding; ``max_new_tokens``
+    None = the policy's own; ``sample_route`` samples the route instead of taking the argmax."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    max_new_tokens: int | None = None
+    sample_route: bool = False
+
+
 @dataclass
 class Policy:
     """Router + actor LM of a trained run, ready for single prompts or small batches."""
@@ -229,26 +241,13 @@ class Policy:
         self,
         messages: Sequence[Mapping[str, Any]],
         data_source: str = "rlla",
-        temperature: float = 0.0,
-        top_p: float = 1.0,
-        max_new_tokens: int | None = None,
         route: Route | int | str | None = None,
-        sample_route: bool = False,
+        settings: InferenceSettings = InferenceSettings(),
         generator: torch.Generator | None = None,
     ) -> InferenceResult:
-        """Route (unless ``route`` is forced), rewrite the prompt, generate once, parse the tool calls.
-
-        ``temperature`` 0 is greedy decoding.
-        """
+        """Route (unless ``route`` is forced), rewrite the prompt, generate once, parse the tool calls."""
         return self.respond_batch(
-            [messages],
-            [data_source],
-            temperature,
-            top_p,
-            max_new_tokens,
-            None if route is None else [route],
-            sample_route,
-            generator,
+            [messages], [data_source], None if route is None else [route], settings, generator
         )[0]
 
     @torch.no_grad()
@@ -256,11 +255,8 @@ class Policy:
         self,
         batch: Sequence[Sequence[Mapping[str, Any]]],
         data_sources: Sequence[str],
-        temperature: float = 0.0,
-        top_p: float = 1.0,
-        max_new_tokens: int | None = None,
         routes: Sequence[Route | int | str] | None = None,
-        sample_route: bool = False,
+        settings: InferenceSettings = InferenceSettings(),
         generator: torch.Generator | None = None,
         ground_truths: Sequence[str] | None = None,
     ) -> list[InferenceResult]:
@@ -275,9 +271,12 @@ class Policy:
         contexts = [
             prompt_context(m, ds, self.families, gt) for m, ds, gt in zip(batch, data_sources, truths)
         ]
-        decision = self.decide(batch, routes, sample_route, generator)
+        decision = self.decide(batch, routes, settings.sample_route, generator)
         sampling = SamplingParams(
-            n=1, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens or self.max_new_tokens
+            n=1,
+            temperature=settings.temperature,
+            top_p=settings.top_p,
+            max_new_tokens=settings.max_new_tokens or self.max_new_tokens,
         )
         return self._answer(contexts, decision, sampling, ground_truths)
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from src.algorithms import aggregate, get_policy_loss_fn
+from src.algorithms.policy_losses import PPOClip
 
 
 def case(seed, b=5, t=7, spread=0.4):
@@ -34,7 +35,11 @@ def ref_ppo(lp, old, a, m, low, high, c, clamp):
 def test_ppo_clip_matches_plain_loop(seed, clip_ratio_c):
     logp, old, adv, mask = case(seed, spread=0.8)
     out = get_policy_loss_fn("ppo_clip")(
-        logp, old, adv, mask, clip_low=0.2, clip_high=0.28, clip_ratio_c=clip_ratio_c, log_ratio_clamp=0.9
+        logp,
+        old,
+        adv,
+        mask,
+        PPOClip(clip_low=0.2, clip_high=0.28, clip_ratio_c=clip_ratio_c, log_ratio_clamp=0.9),
     )
     for b in range(logp.shape[0]):
         for t in range(logp.shape[1]):
@@ -47,11 +52,11 @@ def test_ppo_clip_matches_plain_loop(seed, clip_ratio_c):
 def test_dual_clip_bounds_negative_advantage_losses_and_needs_c_above_one():
     logp, old = torch.tensor([[3.0, 3.0]]), torch.zeros(1, 2)  # ratio e^3 ~ 20
     adv, mask = torch.tensor([[-1.0, 1.0]]), torch.ones(1, 2)
-    out = get_policy_loss_fn("ppo_clip")(logp, old, adv, mask, clip_ratio_c=3.0)
+    out = get_policy_loss_fn("ppo_clip")(logp, old, adv, mask, PPOClip(clip_ratio_c=3.0))
     assert out.loss[0, 0].item() == pytest.approx(3.0)  # min(20, 3)
     assert out.loss[0, 1].item() == pytest.approx(-1.2)  # positive A: the ordinary clip
     with pytest.raises(ValueError, match="clip_ratio_c"):
-        get_policy_loss_fn("ppo_clip")(logp, old, adv, mask, clip_ratio_c=1.0)
+        PPOClip(clip_ratio_c=1.0)
 
 
 def test_log_ratio_clamp_keeps_the_ratio_finite():

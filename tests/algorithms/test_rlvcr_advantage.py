@@ -5,6 +5,8 @@ import torch
 
 from src.algorithms.advantages import get_advantage
 from src.algorithms.rlvcr_advantage import (
+    RlvcrParams,
+    StepLevels,
     make_level_scores,
     rlvcr_advantage,
     rlvcr_metrics,
@@ -58,7 +60,7 @@ def test_matches_plain_loop_on_random_inputs(seed):
     orig = torch.randint(0, 4, (s,), generator=gen)
     qual = torch.rand(s, generator=gen) > 0.3
     kw = {"cost_max": 200.0, "alpha": 0.7, "w": 0.5}
-    out = rlvcr_advantage(rewards, groups, step_ep, scores, costs, orig, qual, **kw)
+    out = rlvcr_advantage(rewards, groups, StepLevels(step_ep, scores, costs, orig, qual), RlvcrParams(**kw))
     ref_think, ref_adv = rlvcr_loop(
         rewards.tolist(),
         groups.tolist(),
@@ -84,7 +86,10 @@ def test_w_zero_gives_trajectory_advantage_per_step():
     scores = torch.randn(4, 4)
     orig, qual = torch.zeros(4, dtype=torch.long), torch.ones(4, dtype=torch.bool)
     out = rlvcr_advantage(
-        rewards, groups, step_ep, scores, torch.zeros(4, 4), orig, qual, cost_max=100, alpha=1.0, w=0.0
+        rewards,
+        groups,
+        StepLevels(step_ep, scores, torch.zeros(4, 4), orig, qual),
+        RlvcrParams(cost_max=100, alpha=1.0, w=0.0),
     )
     torch.testing.assert_close(out.advantage, out.trajectory_adv[step_ep])
 
@@ -93,14 +98,14 @@ def test_no_steps_is_fine():
     out = rlvcr_advantage(
         torch.tensor([1.0, 0.0]),
         torch.tensor([0, 0]),
-        torch.zeros(0, dtype=torch.long),
-        torch.zeros(0, 4),
-        torch.zeros(0, 4),
-        torch.zeros(0, dtype=torch.long),
-        torch.zeros(0, dtype=torch.bool),
-        cost_max=10,
-        alpha=1,
-        w=1,
+        StepLevels(
+            torch.zeros(0, dtype=torch.long),
+            torch.zeros(0, 4),
+            torch.zeros(0, 4),
+            torch.zeros(0, dtype=torch.long),
+            torch.zeros(0, dtype=torch.bool),
+        ),
+        RlvcrParams(cost_max=10, alpha=1, w=1),
     )
     assert out.advantage.shape == (0,) and out.trajectory_adv.shape == (2,)
 
@@ -109,7 +114,13 @@ def test_cheaper_thinking_wins_when_scores_tie():
     scores = torch.zeros(1, 4)
     costs = torch.tensor([[0.0, 20.0, 80.0, 200.0]])
     adv = [
-        thinking_advantage(scores, costs, torch.tensor([k]), torch.tensor([True]), 200, alpha=1.0)[0].item()
+        thinking_advantage(
+            scores,
+            costs,
+            torch.tensor([k]),
+            torch.tensor([True]),
+            RlvcrParams(cost_max=200, alpha=1.0, w=1.0),
+        )[0].item()
         for k in range(4)
     ]
     assert adv == sorted(adv, reverse=True) and adv[0] > 0 > adv[3]
@@ -121,32 +132,30 @@ def test_registered_and_shape_errors():
         rlvcr_advantage(
             torch.zeros(1),
             torch.zeros(1, dtype=torch.long),
-            torch.zeros(2, dtype=torch.long),
-            torch.zeros(2, 4),
-            torch.zeros(2, 3),
-            torch.zeros(2, dtype=torch.long),
-            torch.ones(2, dtype=torch.bool),
-            cost_max=1,
-            alpha=1,
-            w=1,
+            StepLevels(
+                torch.zeros(2, dtype=torch.long),
+                torch.zeros(2, 4),
+                torch.zeros(2, 3),
+                torch.zeros(2, dtype=torch.long),
+                torch.ones(2, dtype=torch.bool),
+            ),
+            RlvcrParams(cost_max=1, alpha=1, w=1),
         )
     with pytest.raises(ValueError, match="orig_level must be a 0-based"):
         rlvcr_advantage(
             torch.zeros(1),
             torch.zeros(1, dtype=torch.long),
-            torch.zeros(1, dtype=torch.long),
-            torch.zeros(1, 4),
-            torch.zeros(1, 4),
-            torch.tensor([4]),
-            torch.ones(1, dtype=torch.bool),
-            cost_max=1,
-            alpha=1,
-            w=1,
+            StepLevels(
+                torch.zeros(1, dtype=torch.long),
+                torch.zeros(1, 4),
+                torch.zeros(1, 4),
+                torch.tensor([4]),
+                torch.ones(1, dtype=torch.bool),
+            ),
+            RlvcrParams(cost_max=1, alpha=1, w=1),
         )
     with pytest.raises(ValueError, match="cost_max must be > 0"):
-        thinking_advantage(
-            torch.zeros(1, 4), torch.zeros(1, 4), torch.tensor([0]), torch.tensor([True]), 0, 1.0
-        )
+        RlvcrParams(cost_max=0, alpha=1.0, w=1.0)
 
 
 def test_make_level_scores_modes():
@@ -195,8 +204,7 @@ def test_level_whose_context_explains_the_action_gets_largest_advantage():
             out.thinking_tokens[None],
             torch.tensor([k]),
             torch.tensor([True]),
-            cost_max=200,
-            alpha=0.0,
+            RlvcrParams(cost_max=200, alpha=0.0, w=1.0),
         )[0].item()
         for k in range(4)
     ]

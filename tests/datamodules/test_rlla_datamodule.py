@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from src.datamodules.rlla_datamodule import RLLADataModule, prompt_token_ids
+from src.datamodules.rlla_datamodule import LoaderSettings, RLLADataModule, prompt_token_ids
 from src.datamodules.schema import SchemaError, read_rlla_parquet
 from src.datamodules.synthetic import generate_rlla_rows, write_rlla_parquet, write_synthetic_rlla
 from src.models.tiny import build_tiny_tokenizer
@@ -36,7 +36,7 @@ def synth(tmp_path):
 def _dm(tokenizer, train, val=(), **kw):
     args = dict(max_prompt_length=100_000, batch_size=8, seed=0)
     args.update(kw)
-    dm = RLLADataModule([str(p) for p in train], [str(p) for p in val], tokenizer, **args)
+    dm = RLLADataModule([str(p) for p in train], [str(p) for p in val], tokenizer, LoaderSettings(**args))
     dm.setup("fit")
     return dm
 
@@ -89,9 +89,9 @@ def test_missing_file_and_bad_args(tokenizer, tmp_path, synth):
     with pytest.raises(FileNotFoundError, match="nope.parquet"):
         _dm(tokenizer, [tmp_path / "nope.parquet"])
     with pytest.raises(TypeError):
-        RLLADataModule(str(synth["train"]), [], tokenizer, max_prompt_length=10, batch_size=2)
+        RLLADataModule(str(synth["train"]), [], tokenizer, LoaderSettings(max_prompt_length=10, batch_size=2))
     with pytest.raises(ValueError, match="positive"):
-        RLLADataModule([synth["train"]], [], tokenizer, max_prompt_length=0, batch_size=2)
+        RLLADataModule([synth["train"]], [], tokenizer, LoaderSettings(max_prompt_length=0, batch_size=2))
 
 
 def test_malformed_rows_skipped_and_counted(tokenizer, tmp_path, caplog):
@@ -186,7 +186,9 @@ class _Recorder(L.LightningModule):
 
 
 def test_lightning_fit_uses_list_batches_and_reshuffles(tokenizer, synth):
-    dm = RLLADataModule([str(synth["train"])], [], tokenizer, max_prompt_length=100_000, batch_size=10)
+    dm = RLLADataModule(
+        [str(synth["train"])], [], tokenizer, LoaderSettings(max_prompt_length=100_000, batch_size=10)
+    )
     model = _Recorder()
     trainer = L.Trainer(
         max_epochs=2,
@@ -233,12 +235,18 @@ def _fit(dm, max_steps: int, callbacks=(), ckpt_path=None):
 def test_checkpoint_mid_epoch_resumes_the_permutation_where_it_stopped(tokenizer, synth, tmp_path):
     """40 rows in batches of 10: stop after 6 batches (epoch 1, 2 batches in), resume to 8."""
     files = [str(synth["train"])]
-    straight, _ = _fit(RLLADataModule(files, [], tokenizer, max_prompt_length=100_000, batch_size=10), 8)
+    straight, _ = _fit(
+        RLLADataModule(files, [], tokenizer, LoaderSettings(max_prompt_length=100_000, batch_size=10)), 8
+    )
     stop = _StopAt(6, tmp_path / "mid.ckpt")
-    first, _ = _fit(RLLADataModule(files, [], tokenizer, max_prompt_length=100_000, batch_size=10), 8, [stop])
+    first, _ = _fit(
+        RLLADataModule(files, [], tokenizer, LoaderSettings(max_prompt_length=100_000, batch_size=10)),
+        8,
+        [stop],
+    )
     assert stop.state == {"seed": 0, "epoch": 1, "position": 20}
     resumed, _ = _fit(
-        RLLADataModule(files, [], tokenizer, max_prompt_length=100_000, batch_size=10),
+        RLLADataModule(files, [], tokenizer, LoaderSettings(max_prompt_length=100_000, batch_size=10)),
         8,
         ckpt_path=tmp_path / "mid.ckpt",
     )

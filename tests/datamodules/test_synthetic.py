@@ -127,20 +127,20 @@ def test_target_tool_listed_with_two_of_each_family_and_exact_params_copied_from
 
 
 def test_test_split_templates_and_texts_disjoint_from_training(tmp_path):
-    from src.datamodules.synthetic import generate_rows_with_templates
+    from src.datamodules.synthetic import SyntheticOptions, generate_rows_with_templates
     from src.datamodules.synthetic_text import template_ids
 
     assert not template_ids("train") & template_ids("test")
-    mix = {"p_search": 0.3, "p_calculate": 0.3, "p_answer": 0.4, "low_gain": 0.5}
-    train, train_templates = generate_rows_with_templates(3000, 0, split="train", **mix)
-    test, test_templates = generate_rows_with_templates(300, 1, split="test", **mix)
+    mix = SyntheticOptions(p_search=0.3, p_calculate=0.3, p_answer=0.4, low_gain=0.5)
+    train, train_templates = generate_rows_with_templates(3000, 0, mix, split="train")
+    test, test_templates = generate_rows_with_templates(300, 1, mix, split="test")
     assert set(train_templates) <= template_ids("train") and set(test_templates) <= template_ids("test")
     assert not set(train_templates) & set(test_templates)
     texts = lambda df: {p[1]["content"] for p in df["prompt"]}
     assert len(texts(train)) >= 1500, len(texts(train))  # compositional: thousands of distinct requests
     assert not texts(train) & texts(test)
     # the written files: the test file shares no user text with the train file
-    paths = write_synthetic_rlla(tmp_path, n_train=800, n_test=200, seed=2, **mix)
+    paths = write_synthetic_rlla(tmp_path, n_train=800, n_test=200, seed=2, options=mix)
     files = {k: pd.read_parquet(v) for k, v in paths.items()}
     assert not texts(files["train"]) & texts(files["test"])
 

@@ -165,7 +165,7 @@ def test_evaluate_summary_and_rows(router_run, test_parquet, tmp_path):
 
 def test_load_router_policy_restores_checkpoint_weights(router_run):
     from src.datamodules.synthetic import TOOLS, build_system_prompt, build_user_turn
-    from src.jobs.inference import load_router_policy
+    from src.jobs.inference import InferenceSettings, load_router_policy
 
     policy = load_router_policy(router_run, device="cpu")
     assert policy.module.reference is None and policy.has_router
@@ -181,14 +181,16 @@ def test_load_router_policy_restores_checkpoint_weights(router_run):
     ]
     route, probs = policy.route(messages)
     assert route in ROUTES and probs[["answer", "search", "calculate"].index(route)] == max(probs)
-    result = policy.respond(messages, max_new_tokens=4, route="search")
+    result = policy.respond(messages, route="search", settings=InferenceSettings(max_new_tokens=4))
     assert result.route == "search" and result.response_length <= 4
     assert "**Tool Preference**" in result.messages[0]["content"]
     # with ground truths the answer is scored by the collector's scorer: reward parts and weak label
     from src.rewards.dispatch import score
 
     truth = '<tool_call>\n{"name": "calculator", "parameters": {"expression": "3*7"}}\n</tool_call>'
-    (scored,) = policy.respond_batch([messages], ["rlla"], max_new_tokens=4, ground_truths=[truth])
+    (scored,) = policy.respond_batch(
+        [messages], ["rlla"], settings=InferenceSettings(max_new_tokens=4), ground_truths=[truth]
+    )
     assert scored.weak_label == "CALCULATE" and scored.route in ROUTES
     expected = score("rlla", scored.response, truth, step=0, config=policy.reward_config)
     assert scored.reward == expected and "reward" not in result.to_dict()

@@ -32,7 +32,13 @@ from typing import Any
 import torch
 
 from src.algorithms.advantages import group_ids
-from src.algorithms.rlvcr_advantage import make_level_scores, rlvcr_advantage, rlvcr_metrics
+from src.algorithms.rlvcr_advantage import (
+    RlvcrParams,
+    StepLevels,
+    make_level_scores,
+    rlvcr_advantage,
+    rlvcr_metrics,
+)
 from src.algorithms.rlvcr_steps import (
     QUALIFY_MODES,
     penalised_rewards,
@@ -312,20 +318,15 @@ class RlvcrAugmenter:
     ):
         """``rlvcr_advantage`` over the batch's steps (see ``src.algorithms.rlvcr_advantage``)."""
         st = self.settings
-        return rlvcr_advantage(
-            rewards,
-            groups,
+        levels = StepLevels(
             torch.tensor([s.row for s in steps], dtype=torch.long),
             scoring.scores,
             scoring.costs,
             torch.tensor([(s.level or 1) - 1 for s in steps], dtype=torch.long),
             qualifies,
-            cost_max=st.cost_max,
-            alpha=st.alpha,
-            w=st.w,
-            eps=st.adv_eps,
-            norm_by_std=st.norm_by_std,
         )
+        params = RlvcrParams(st.cost_max, st.alpha, st.w, eps=st.adv_eps, norm_by_std=st.norm_by_std)
+        return rlvcr_advantage(rewards, groups, levels, params)
 
     def metrics(self, steps, adv, qualifies, ep_ok, n_bad, alt_tokens: int) -> dict[str, float]:
         own_thinking = torch.tensor(
