@@ -68,7 +68,7 @@ def test_resume_never_destroys(tmp_path):
     # a resume refused at start-up (another experiment's callbacks) cuts nothing
     before = _snapshot(run_dir)
     refused = _run(run_dir, "resume=true", base=[*SMALL[1:], "experiment=grpo"])
-    assert refused.returncode != 0 and "LagrangeCallback" in refused.stdout + refused.stderr
+    assert refused.returncode != 0 and "RouteConfusionLogger" in refused.stdout + refused.stderr
     assert _snapshot(run_dir) == before
 
     # the newest checkpoint unreadable (empty); a step-4 file left by a kill before its manifest update
