@@ -23,6 +23,7 @@ def test_router_ddp_two_processes_use_the_global_cost(tmp_path):
         "router.budget=0.2",
         "router.lambda_lr=1.0",
         "router.lambda_init=1.0",
+        "router.lambda_update=gradient",  # the plain dual step, recomputed below from the log
     )
     rollouts = pd.concat([pd.read_parquet(p) for p in sorted((run_dir / "rollouts").glob("*.parquet"))])
     assert set(rollouts["rank"]) == {0, 1}
