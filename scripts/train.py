@@ -23,6 +23,7 @@ register_configs()
 
 def _exit_now(signum: int, frame) -> None:
     logging.getLogger("toolrouter").warning("%s received: stopping", signal.Signals(signum).name)
+    keep_exit_code_on_signals()
     raise SystemExit(128 + signum)
 
 
@@ -35,6 +36,14 @@ def exit_on_signals() -> None:
         signal.signal(sig, _exit_now)
 
 
+def keep_exit_code_on_signals() -> None:
+    """Once the job is stopping on a signal, further SIGINT / SIGTERM are ignored: the interpreter
+    resets Python-level handlers while it shuts down, so a second Ctrl-C arriving then would end
+    the process by the signal itself (-2) instead of with the 130 / 143 already decided."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+
+
 @hydra.main(version_base="1.3", config_path="../configs", config_name="train")
 def main(cfg: DictConfig) -> None:
     exit_on_signals()  # SIGINT / SIGTERM before the trainer's handlers: exit 130 / 143, never 1 or 0
@@ -45,7 +54,12 @@ def main(cfg: DictConfig) -> None:
         sys.exit(CONFIG_ERROR_EXIT)
     from src.jobs.train import train
 
-    metrics, _ = train(cfg)
+    try:
+        metrics, _ = train(cfg)
+    except SystemExit as stop:
+        if stop.code in (128 + signal.SIGINT, 128 + signal.SIGTERM):
+            keep_exit_code_on_signals()
+        raise
     logging.getLogger("toolrouter").info(
         "final metrics: %s", {k: round(v, 4) for k, v in sorted(metrics.items())}
     )

@@ -16,7 +16,6 @@ import os
 import signal
 import subprocess
 import tempfile
-import threading
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
@@ -26,6 +25,8 @@ import yaml
 from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+from src.callbacks.signal_latch import SignalLatch
 
 log = logging.getLogger(__name__)
 
@@ -178,14 +179,6 @@ class ManifestCheckpoint(ModelCheckpoint):
         return
 
 
-class Preempted(SystemExit):
-    """The run stopped on a signal after saving a resumable checkpoint; exit code 128 + signal."""
-
-    def __init__(self, signum: int):
-        super().__init__(128 + int(signum))
-        self.signum = int(signum)
-
-
 class InterruptCheckpoint(Checkpoint):
     """SIGINT / SIGTERM: finish the running step, save ``<dirpath>/<filename>.ckpt`` at its end
     (unless the periodic checkpoint just did), point the manifest at it and stop the trainer.
@@ -196,39 +189,22 @@ class InterruptCheckpoint(Checkpoint):
     after every other callback's ``on_train_batch_end`` (λ update, rollout log, periodic save).
     """
 
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
     def __init__(self, manifest: ManifestWriter, dirpath, filename: str = "interrupted"):
         self.manifest = manifest
         self.ckpt_path = Path(dirpath) / f"{filename}.ckpt"
         self.stopped_by: int | None = None
-        self._received: int | None = None
-        self._previous: dict[int, Any] = {}
-
-    def _on_signal(self, signum: int, frame) -> None:
-        if self._received is not None and signum == signal.SIGINT:
-            # asked twice: stop now, resume from the last checkpoint. Not KeyboardInterrupt:
-            # Lightning turns that into exit 1; a scheduler must see 130.
-            raise Preempted(signal.SIGINT)
-        self._received = signum
-        log.warning(
-            "%s received: finishing this step, then saving a checkpoint and stopping (Ctrl-C again: stop now)",
-            signal.Signals(signum).name,
-        )
+        self.latch = SignalLatch("saving a checkpoint and stopping")
 
     def on_train_start(self, trainer, pl_module) -> None:
         # installed after Lightning's own SIGTERM handler (registered just before the loop) so
         # that the stop happens here, at the step boundary, on every rank at the same step
-        if threading.current_thread() is not threading.main_thread():
-            return  # signals reach the main thread only; Lightning's handlers stay in charge
-        for sig in self.SIGNALS:
-            self._previous[sig] = signal.getsignal(sig)
-            signal.signal(sig, self._on_signal)
+        self.latch.install()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if not trainer.strategy.reduce_boolean_decision(self._received is not None, all=False):
+        received = self.latch.received
+        if not trainer.strategy.reduce_boolean_decision(received is not None, all=False):
             return
-        self.stopped_by = self._received or signal.SIGTERM  # other ranks: the signal went to rank 0
+        self.stopped_by = received or signal.SIGTERM  # other ranks: the signal went to rank 0
         if self.manifest.saved_step != trainer.global_step:
             trainer.save_checkpoint(self.ckpt_path)
             self.manifest.write(
@@ -247,9 +223,7 @@ class InterruptCheckpoint(Checkpoint):
         )
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        self._previous = {}
+        self.latch.restore()
 
 
 # the name build_trainer uses; the behaviour is InterruptCheckpoint's

@@ -6,18 +6,9 @@ saves a resumable checkpoint, is ``InterruptCheckpoint``; before any fit, the en
 
 from __future__ import annotations
 
-import logging
-import signal
-import threading
-from typing import Any
-
 import lightning.pytorch as pl
 
-from src.callbacks.checkpointing import Preempted
-
-log = logging.getLogger(__name__)
-
-SIGNALS = (signal.SIGINT, signal.SIGTERM)
+from src.callbacks.signal_latch import SignalLatch
 
 
 class StopOnSignal(pl.Callback):
@@ -26,34 +17,16 @@ class StopOnSignal(pl.Callback):
     of saving a half-trained model. A second SIGINT stops at once."""
 
     def __init__(self, what: str):
-        self.what = what
         self.stopped_by: int | None = None
-        self._received: int | None = None
-        self._previous: dict[int, Any] = {}
-
-    def _on_signal(self, signum: int, frame) -> None:
-        if self._received is not None and signum == signal.SIGINT:
-            raise Preempted(signal.SIGINT)
-        self._received = signum
-        log.warning(
-            "%s received during %s: finishing this step, then stopping (Ctrl-C again: stop now)",
-            signal.Signals(signum).name,
-            self.what,
-        )
+        self.latch = SignalLatch(f"stopping {what}")
 
     def on_train_start(self, trainer, pl_module) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            return
-        for sig in SIGNALS:
-            self._previous[sig] = signal.getsignal(sig)
-            signal.signal(sig, self._on_signal)
+        self.latch.install()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if self._received is not None:
-            self.stopped_by = self._received
+        if self.latch.received is not None:
+            self.stopped_by = self.latch.received
             trainer.should_stop = True
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        self._previous = {}
+        self.latch.restore()

@@ -25,8 +25,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
 
-from src.callbacks.checkpointing import Preempted
 from src.callbacks.progress import StepLogProgress, StepProgressBar
+from src.callbacks.signal_latch import Preempted
 from src.callbacks.signal_stop import StopOnSignal
 
 log = logging.getLogger(__name__)

@@ -12,7 +12,8 @@ from hydra.utils import instantiate
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig
 
-from src.callbacks.checkpointing import InterruptCheckpoint, Preempted
+from src.callbacks.checkpointing import InterruptCheckpoint
+from src.callbacks.signal_latch import Preempted
 from src.callbacks.step_only import StepOnlyScalars
 from src.callbacks.step_scalars import StepScalarCarry
 from src.jobs.build import build_datamodule, build_module, build_trainer

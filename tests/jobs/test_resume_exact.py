@@ -22,13 +22,14 @@ import torch
 from jobhelpers import REPO, train_cmd
 
 from src.analysis import load_scalars
-from src.callbacks.checkpointing import InterruptCheckpoint, ManifestWriter, Preempted
+from src.callbacks.checkpointing import InterruptCheckpoint, ManifestWriter
 from src.callbacks.run_logs import (
     remove_interrupted_writes,
     truncate_event_file,
     truncate_rollouts,
     truncate_tensorboard,
 )
+from src.callbacks.signal_latch import Preempted
 from src.datamodules.position import DataPosition, EpochSeededSampler
 from src.jobs.resume import ResumePoint, check_callback_states, cut_logs_back, prepare_run_dir
 
