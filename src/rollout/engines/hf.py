@@ -81,8 +81,6 @@ class HFGenerateEngine:
         self.eos_token_ids = list(eos_token_ids)
         self.settings = settings or HFEngineSettings(micro_batch_size=micro_batch_size)
 
-    needs_weight_sync = False  # it generates with the training module itself
-
     def update_weights(self, state_dict=None) -> None:
         """The engine generates with the training module itself, so it is always current."""
 
