@@ -6,10 +6,9 @@ whole module (start-up is most of the cost)."""
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
+from enginechecks import assert_push_moves_greedy_like_hf, greedy
 
 from src.rollout.engines.build import build_hf_engine, build_vllm_engine
 from src.rollout.engines.logprobs import sampling_log_probs
@@ -47,11 +46,6 @@ def _trainer_log_probs(model, prompts, completions, temperature: float) -> torch
     return out
 
 
-def _greedy(engine, prompts, tok):
-    sampling = SamplingParams(n=1, temperature=0.0, max_new_tokens=12, stop_token_ids=[tok.eos_token_id])
-    return engine.generate(prompts, sampling).token_lists()
-
-
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_sampling_log_probs_equal_the_trainers(setup, temperature):
     model, _, engine, prompts = setup
@@ -68,20 +62,9 @@ def test_sampling_log_probs_equal_the_trainers(setup, temperature):
 
 def test_greedy_equals_hf_before_and_after_a_push(setup):
     model, tok, engine, prompts = setup
-    hf = build_hf_engine(model, tok)
-    before = _greedy(engine, prompts, tok)
-    assert before == _greedy(hf, prompts, tok)
-    moved = copy.deepcopy(model)
-    with torch.no_grad():
-        g = torch.Generator().manual_seed(0)
-        for p in moved.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.05)
-    engine.update_weights(moved.state_dict())
-    after = _greedy(engine, prompts, tok)
-    assert after != before
-    assert after == _greedy(build_hf_engine(moved, tok), prompts, tok)
+    before = assert_push_moves_greedy_like_hf(engine, model, tok, prompts)
     engine.update_weights(model.state_dict())
-    assert _greedy(engine, prompts, tok) == before
+    assert greedy(engine, prompts, tok) == before
 
 
 def test_lora_push_samples_from_the_merged_model(setup, tiny_model_dir):
@@ -98,12 +81,12 @@ def test_lora_push_samples_from_the_merged_model(setup, tiny_model_dir):
     engine.lora_scaling = lora_scaling_of(lora)
     try:
         engine.update_weights(lora.state_dict())
-        got = _greedy(engine, prompts, tok)
+        got = greedy(engine, prompts, tok)
     finally:
         engine.lora_scaling = None
         engine.update_weights(model.state_dict())
-    assert got == _greedy(build_hf_engine(lora, tok), prompts, tok)
-    assert got != _greedy(engine, prompts, tok)
+    assert got == greedy(build_hf_engine(lora, tok), prompts, tok)
+    assert got != greedy(engine, prompts, tok)
 
 
 def test_sleep_follows_the_platform(setup):

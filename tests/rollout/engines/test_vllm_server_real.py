@@ -4,7 +4,6 @@ and vLLM's reload path. Runs in the vLLM venv (``make test-vllm``); one server f
 
 from __future__ import annotations
 
-import copy
 import os
 import socket
 import subprocess
@@ -15,8 +14,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from enginechecks import assert_push_moves_greedy_like_hf
 
-from src.rollout.engines.build import build_hf_engine, build_vllm_engine
+from src.rollout.engines.build import build_vllm_engine
 from src.rollout.engines.logprobs import sampling_log_probs
 from src.rollout.engines.types import SamplingParams
 from src.rollout.engines.vllm_common import VLLMSettings
@@ -73,11 +73,6 @@ def server(tiny_model_dir, tmp_path_factory):
             proc.wait()
 
 
-def _greedy(engine, prompts, tok):
-    sampling = SamplingParams(n=1, temperature=0.0, max_new_tokens=12, stop_token_ids=[tok.eos_token_id])
-    return engine.generate(prompts, sampling).token_lists()
-
-
 def test_server_generates_like_hf_and_follows_weight_pushes(server, tiny_model_dir):
     from src.models.loading import load_causal_lm, load_tokenizer
 
@@ -98,14 +93,5 @@ def test_server_generates_like_hf_and_follows_weight_pushes(server, tiny_model_d
         want = sampling_log_probs(logits, torch.tensor([tokens]), 0.7, 1.0)[0]
         assert torch.allclose(out.log_probs[row, : len(tokens)], want, atol=1e-5), row
 
-    before = _greedy(engine, prompts, tok)
-    assert before == _greedy(build_hf_engine(model, tok), prompts, tok)
-    moved = copy.deepcopy(model)
-    with torch.no_grad():
-        g = torch.Generator().manual_seed(0)
-        for p in moved.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.05)
-    engine.update_weights(moved.state_dict())
-    after = _greedy(engine, prompts, tok)
-    assert after != before and after == _greedy(build_hf_engine(moved, tok), prompts, tok)
+    assert_push_moves_greedy_like_hf(engine, model, tok, prompts)
     assert engine.pushes == 2 and not list(sync_dir.glob(".policy.*"))  # atomic writes, no temp left
