@@ -8,16 +8,16 @@ decays to 0 once it is under budget.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from src.algorithms.dual_update import DualGains, DualState, dual_step
+from src.config.schema import DualSettings
 
 __all__ = [
     "EMA",
-    "DualSettings",
+    "dual_gains",
     "RunningMean",
     "lagrange_update",
     "lagrangian_reward",
@@ -25,24 +25,11 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
-class DualSettings:
-    """λ's update: every ``every_k`` steps, the controller ``update`` (``dual_update.DUAL_UPDATES``:
-    ``gradient`` = dual ascent with rate ``lr``; ``pid`` adds ``kp`` / ``kd`` terms on an EMA of the
-    cost with decay ``cost_ema``) on the mean cost of the window against ``budget``; λ clipped at
-    ``lambda_max`` (None: no cap)."""
-
-    budget: float
-    lr: float
-    every_k: int = 1
-    lambda_max: float | None = None
-    update: str = "gradient"
-    kp: float = 0.0
-    kd: float = 0.0
-    cost_ema: float = 0.0
-
-    def gains(self) -> DualGains:
-        return DualGains(ki=self.lr, kp=self.kp, kd=self.kd, cost_ema=self.cost_ema, lambda_max=self.lambda_max)
+def dual_gains(dual: DualSettings) -> DualGains:
+    """The controller's gains from the ``router`` group's λ keys."""
+    return DualGains(
+        ki=dual.lambda_lr, kp=dual.lambda_kp, kd=dual.lambda_kd, cost_ema=dual.lambda_cost_ema, lambda_max=dual.lambda_max
+    )
 
 
 def _finite(name: str, value: float) -> float:
@@ -84,7 +71,7 @@ def window_lagrange_step(
     """
     count = max(float(window[2]), 1.0)
     mean_cost = float(window[0]) / count
-    new = dual_step(dual.update, state, mean_cost, dual.budget, dual.gains())
+    new = dual_step(dual.lambda_update, state, mean_cost, dual.budget, dual_gains(dual))
     scalars = {
         "train/lambda_next": new.lam,
         "train/lambda_p": new.p,

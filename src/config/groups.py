@@ -7,7 +7,7 @@ declare, or a value of the wrong type, fails when the config is composed, naming
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from src.config.schema import AlgorithmConfig, OptimConfig, RouterHeadConfig
+from src.config.schema import AlgorithmConfig, DualSettings, OptimConfig, RouterHeadConfig
 
 
 # ---------------------------------------------------------------------------- model
@@ -50,18 +50,9 @@ class ModelConfig:
 # ---------------------------------------------------------------------------- algorithm
 @dataclass
 class AlgorithmGroupConfig(AlgorithmConfig):
-    """The ``algorithm`` group: the loss settings, their optimizer, and the RLVCR augmenter's keys."""
+    """The ``algorithm`` group: the loss settings (RLVCR's included) and their optimizer."""
 
     optim: OptimConfig = field(default_factory=OptimConfig)
-    rlvcr_qualify: str = "threshold"
-    rlvcr_qualify_threshold: float = 0.0
-    rlvcr_format_penalty: float = 0.0
-    rlvcr_think_max_new_tokens: int = 64
-    rlvcr_think_temperature: float = 1.0
-    rlvcr_think_top_p: float = 1.0
-    rlvcr_score_max_rows: Optional[int] = None
-    rlvcr_allow_unclosed_action: bool = True
-    rlvcr_score_malformed_steps: bool = False
 
 
 # ---------------------------------------------------------------------------- rollout
@@ -80,22 +71,13 @@ class RolloutConfig:
 
 # ---------------------------------------------------------------------------- router
 @dataclass
-class RouterConfig(RouterHeadConfig):
-    """The ``router`` group: the head (``RouterHeadConfig``), route sampling, cost and the budget's λ."""
+class RouterConfig(RouterHeadConfig, DualSettings):
+    """The ``router`` group: the head (``RouterHeadConfig``), route sampling, cost and the budget's λ
+    (``DualSettings``: the module takes this config as its λ settings, nothing copied)."""
 
     sample: bool = True
     prompt_mode: str = "emphasis"  # emphasis | only_family
     actor_reward: str = "task"  # task | router
-    budget: float = 0.3  # B: allowed mean tool cost per rollout
-    lambda_lr: float = 0.5  # dual learning rate (the PID controller's integral gain k_i)
-    lambda_every_k: int = 1
-    lambda_max: Optional[float] = None
-    # gradient: λ += lambda_lr·(Ê[cost] − B); pid: + proportional and derivative terms on an EMA of
-    # the cost (src.algorithms.dual_update; Stooke et al. 2020)
-    lambda_update: str = "gradient"
-    lambda_kp: float = 0.0
-    lambda_kd: float = 0.0
-    lambda_cost_ema: float = 0.0  # decay of the cost average the P and D terms read
     cost: str = "any_tool"  # any_tool | per_family | per_call
     cost_weights: Dict[str, float] = field(default_factory=dict)
     families_sidecar: Optional[str] = None

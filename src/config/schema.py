@@ -7,8 +7,43 @@ from typing import Any
 
 
 @dataclass
-class AlgorithmConfig:
-    """One loss module (see ``src/algorithms/__init__.py``) plus the PPO loop around it."""
+class RlvcrSettings:
+    """The ``algorithm`` group's RLVCR keys (read when ``adv_estimator: rlvcr``; the augmenter,
+    ``src.rollout.rlvcr.augment``, takes the algorithm config itself: nothing is copied).
+
+    step_advantage_w, thinking_cost_alpha, cost_max, rlvcr_mode: the formula's w, alpha, cost_max
+        and how a level's context is scored (``src.algorithms.rlvcr_advantage``).
+    rlvcr_qualify: which episodes get the thinking advantage: ``threshold`` (reward >
+        rlvcr_qualify_threshold), ``group_mean`` (reward >= its uid group's mean: the better half;
+        a group of equal rewards qualifies whole), ``all``.
+    rlvcr_format_penalty: subtracted from an episode's reward x its fraction of malformed steps
+        (executed steps whose level/think format did not parse).
+    rlvcr_think_*: sampling of the alternative thinking.
+    rlvcr_score_max_rows: rows per teacher-forced forward (None = all rows in one forward).
+    rlvcr_allow_unclosed_action: accept a step without ``</action>`` (engines that stop on it).
+    rlvcr_score_malformed_steps: also score steps that break the format but carry an action, at
+        their declared level when it parses, else 1 (the format penalty still applies to them).
+    """
+
+    step_advantage_w: float = 1.0
+    thinking_cost_alpha: float = 0.1
+    cost_max: float = 64.0
+    rlvcr_mode: str = "neg_entropy"  # seed 002: minus the action entropy under each level
+    rlvcr_qualify: str = "threshold"
+    rlvcr_qualify_threshold: float = 0.0
+    rlvcr_format_penalty: float = 0.0
+    rlvcr_think_max_new_tokens: int = 64
+    rlvcr_think_temperature: float = 1.0
+    rlvcr_think_top_p: float = 1.0
+    rlvcr_score_max_rows: int | None = None
+    rlvcr_allow_unclosed_action: bool = True
+    rlvcr_score_malformed_steps: bool = False
+
+
+@dataclass
+class AlgorithmConfig(RlvcrSettings):
+    """One loss module (see ``src/algorithms/__init__.py``) plus the PPO loop around it (and the
+    RLVCR augmenter's keys, ``RlvcrSettings``)."""
 
     adv_estimator: str = "grpo"  # registry name: grpo | dr_grpo | rloo | reinforce_pp | rlvcr | ...
     norm_adv_by_std: bool = True
@@ -45,11 +80,6 @@ class AlgorithmConfig:
     # (src/models/shared_prefix.py); same log-probs and gradients as the plain forward
     shared_prompt_forward: bool = True
     grad_clip: float = 1.0
-    # RLVCR (used when adv_estimator == "rlvcr")
-    step_advantage_w: float = 1.0
-    thinking_cost_alpha: float = 0.1
-    cost_max: float = 64.0
-    rlvcr_mode: str = "neg_entropy"  # seed 002: minus the action entropy under each level
 
 
 @dataclass
@@ -80,3 +110,21 @@ class RouterHeadConfig:
     # False: advantages r - mean_g (no std). Near the budget's equilibrium the copies' r_router are
     # almost equal, and dividing by their tiny std turns noise into full-size pushes.
     norm_adv_by_std: bool = True
+
+
+@dataclass
+class DualSettings:
+    """λ's update (the ``router`` group's λ keys; ``RouterConfig`` is one): every ``lambda_every_k``
+    steps, the controller ``lambda_update`` (``src.algorithms.dual_update.DUAL_UPDATES``:
+    ``gradient`` = dual ascent with rate ``lambda_lr``; ``pid`` adds ``lambda_kp`` / ``lambda_kd``
+    terms on an EMA of the cost with decay ``lambda_cost_ema``; Stooke et al. 2020) on the mean cost
+    of the window against ``budget``; λ clipped at ``lambda_max`` (None: no cap)."""
+
+    budget: float = 0.3  # B: allowed mean tool cost per rollout
+    lambda_lr: float = 0.5  # dual learning rate (the PID controller's integral gain k_i)
+    lambda_every_k: int = 1
+    lambda_max: float | None = None
+    lambda_update: str = "gradient"  # gradient | pid
+    lambda_kp: float = 0.0
+    lambda_kd: float = 0.0
+    lambda_cost_ema: float = 0.0  # decay of the cost average the P and D terms read

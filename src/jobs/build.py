@@ -14,7 +14,6 @@ from hydra.utils import instantiate
 from lightning.pytorch.loggers import TensorBoardLogger
 from omegaconf import DictConfig, OmegaConf
 
-from src.algorithms.lagrange import DualSettings
 from src.callbacks.checkpointing import (
     AtomicCheckpointIO,
     ManifestCheckpoint,
@@ -151,16 +150,6 @@ def build_module(cfg: DictConfig, path: Path):
         algorithm = replace(algorithm, temperature=float(cfg.sampling.temperature))
     if cfg.replay.capacity > 0:  # off-policy samples: the ratio is taken against their behaviour log-probs
         algorithm = replace(algorithm, old_log_prob_source="rollout")
-    dual = DualSettings(
-        router.budget,
-        router.lambda_lr,
-        router.lambda_every_k,
-        router.lambda_max,
-        update=router.lambda_update,
-        kp=router.lambda_kp,
-        kd=router.lambda_kd,
-        cost_ema=router.lambda_cost_ema,
-    )
     return ToolRouterModule(
         build_actor(cfg, path),
         algorithm,
@@ -168,5 +157,5 @@ def build_module(cfg: DictConfig, path: Path):
         router,
         reference_factory=lambda: load_causal_lm(path, cfg.model.dtype),
         seed=cfg.seed,
-        dual=dual if router.enable else None,
+        dual=router if router.enable else None,  # RouterConfig is the λ's DualSettings
     )

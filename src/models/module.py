@@ -21,7 +21,7 @@ import lightning.pytorch as pl
 import torch
 
 from src.algorithms.aggregation import aggregate
-from src.algorithms.lagrange import DualSettings
+from src.config.schema import DualSettings
 from src.algorithms.loss_module import build_loss_module
 from src.algorithms.losses import KL_ESTIMATORS, token_log_probs_and_entropy
 from src.algorithms.rollout_correction import logprob_abs_diff, rollout_is_weights

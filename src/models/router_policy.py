@@ -13,7 +13,8 @@ from collections.abc import Sequence
 import torch
 
 from src.algorithms.dual_update import DualState
-from src.algorithms.lagrange import DualSettings, window_lagrange_step
+from src.algorithms.lagrange import window_lagrange_step
+from src.config.schema import DualSettings
 from src.algorithms.loss_module import advantage_fn
 from src.algorithms.losses import router_loss
 from src.algorithms.schedules import linear_decay
@@ -66,13 +67,13 @@ def lambda_window_step(
     dual: DualSettings,
 ) -> dict[str, float]:
     """Add one step's [cost sum, reward sum, count] (over every rank) to ``window`` [4] (its last
-    entry counts steps); every ``dual.every_k`` steps move ``lam`` by the controller
+    entry counts steps); every ``dual.lambda_every_k`` steps move ``lam`` by the controller
     (``window_lagrange_step``), whose memory ``controller`` [5] holds (integral, cost average, P, D,
     updates so far: the average exists from the first update on), and empty the window. Updates the
     three tensors in place; returns the scalars to log."""
     window[:3] += step_totals.to(window)
     window[3] += 1
-    if int(window[3]) % max(int(dual.every_k), 1):
+    if int(window[3]) % max(int(dual.lambda_every_k), 1):
         return {}
     integral, cost_avg, p, d, updates = (float(v) for v in controller)
     cost_avg = cost_avg if updates else float("nan")  # DualState's "no average yet"

@@ -15,7 +15,8 @@ from src.rollout.engines.hf import HFGenerateEngine
 from src.rollout.episodes.loop import Episode, StepRecord
 from src.rollout.episodes.prompts import action_from_text
 from src.rollout.request import CollectRequest
-from src.rollout.rlvcr.augment import RlvcrAugmenter, RlvcrCollector, RlvcrSettings, settings_from_algorithm
+from src.config.schema import AlgorithmConfig
+from src.rollout.rlvcr.augment import RlvcrAugmenter, RlvcrCollector, algorithm_settings, check_settings
 from src.rollout.rlvcr.format import parse_step
 
 
@@ -84,33 +85,24 @@ def test_qualifying_modes_and_penalty():
     )
 
 
-def test_settings_from_algorithm_maps_config_keys():
-    s = settings_from_algorithm(
-        {
-            "step_advantage_w": 0.5,
-            "thinking_cost_alpha": 0.2,
-            "cost_max": 32.0,
-            "rlvcr_mode": "neg_entropy",
-            "rlvcr_qualify": "group_mean",
-            "rlvcr_format_penalty": 0.1,
-            "rlvcr_think_max_new_tokens": 8,
-            "adv_eps": 1e-5,
-            "unrelated": 3,
-        }
-    )
-    assert (
-        s.w,
-        s.alpha,
-        s.cost_max,
-        s.mode,
-        s.qualify,
-        s.format_penalty,
-        s.think_max_new_tokens,
-        s.adv_eps,
-    ) == (0.5, 0.2, 32.0, "neg_entropy", "group_mean", 0.1, 8, 1e-5)
-    with pytest.raises(ValueError, match="qualify"):
-        RlvcrSettings(qualify="nope")
-    assert RlvcrSettings().mode == settings_from_algorithm({}).mode == "neg_entropy"  # seed 002: entropy
+def test_the_augmenter_reads_the_algorithm_configs_own_keys():
+    keys = {
+        "step_advantage_w": 0.5,
+        "thinking_cost_alpha": 0.2,
+        "cost_max": 32.0,
+        "rlvcr_mode": "neg_entropy",
+        "rlvcr_qualify": "group_mean",
+        "rlvcr_format_penalty": 0.1,
+        "rlvcr_think_max_new_tokens": 8,
+        "adv_eps": 1e-5,
+    }
+    s = algorithm_settings(keys)
+    assert {k: getattr(s, k) for k in keys} == keys
+    with pytest.raises(Exception, match="unrelated"):  # a key the schema lacks, named
+        algorithm_settings({**keys, "unrelated": 3})
+    with pytest.raises(ValueError, match="rlvcr_qualify"):
+        check_settings(AlgorithmConfig(rlvcr_qualify="nope"))
+    assert algorithm_settings({}).rlvcr_mode == "neg_entropy"  # seed 002: entropy
 
 
 # ---------------------------------------------------------------------------- augmenter, real model
@@ -225,7 +217,7 @@ def run_augmenter(setup, monkeypatch, **settings):
 
     monkeypatch.setattr(rlvcr, "score_level_groups", spy)
     engine = CountingEngine(model, tok.pad_token_id, [tok.eos_token_id])
-    st = RlvcrSettings(think_max_new_tokens=6, **settings)
+    st = AlgorithmConfig(rlvcr_think_max_new_tokens=6, **settings)
     batch = make_batch(tok, episodes, uids)
     torch.manual_seed(0)
     out = RlvcrAugmenter(tok, engine, model, st).augment(batch)
@@ -235,7 +227,7 @@ def run_augmenter(setup, monkeypatch, **settings):
 def test_token_advantages_land_on_step_tokens(setup, monkeypatch):
     model, tok, episodes, uids = setup
     model.train()
-    batch, engine, rec, st = run_augmenter(setup, monkeypatch, format_penalty=0.5)
+    batch, engine, rec, st = run_augmenter(setup, monkeypatch, rlvcr_format_penalty=0.5)
     assert model.training  # scoring restores the mode
     adv = batch.token_advantages
     assert adv.shape == batch.response_mask.shape and torch.isfinite(adv).all()
@@ -262,17 +254,17 @@ def test_token_advantages_land_on_step_tokens(setup, monkeypatch):
     pen = [1.0, 0.0 - 0.5 * 0.5, 0.5 - 0.5 * 0.5, -1.0]
     traj = grpo_loop(pen, uids)
     # thinking advantage from the recorded scores, by a plain loop
-    scores = make_level_scores(rec["scores"].action_logprob, rec["scores"].action_entropy, st.mode)
+    scores = make_level_scores(rec["scores"].action_logprob, rec["scores"].action_entropy, st.rlvcr_mode)
     costs = rec["scores"].thinking_tokens.float()
     levels = [2, 1, 4]
     for i, ((e, j), lv) in enumerate(zip(qualifying, levels)):
-        r = [float(scores[i, k]) + st.alpha * (0.5 - float(costs[i, k]) / st.cost_max) for k in range(4)]
+        r = [float(scores[i, k]) + st.thinking_cost_alpha * (0.5 - float(costs[i, k]) / st.cost_max) for k in range(4)]
         mu = sum(r) / 4
         sd = math.sqrt(sum((x - mu) ** 2 for x in r) / 3)
         think = (r[lv - 1] - mu) / (sd + st.adv_eps) if max(r) - min(r) > 1e-6 else 0.0
         span = episodes[e].steps[j]
         got = adv[e, span.action_start : span.action_end]
-        torch.testing.assert_close(got, torch.full_like(got, traj[e] + st.w * think), atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(got, torch.full_like(got, traj[e] + st.step_advantage_w * think), atol=1e-4, rtol=1e-4)
     # non-qualifying steps (episode 1, episode 2's malformed step, episode 3) carry the trajectory advantage
     for e, j in [(1, 0), (1, 1), (2, 1), (3, 0)]:
         span = episodes[e].steps[j]
@@ -294,11 +286,11 @@ def test_group_mean_qualify_and_no_qualifying_step(setup, monkeypatch):
     _, tok, episodes, uids = setup
     # group a mean = 0.5: episodes 0 and 2 qualify as with the positive threshold; episode 3 is its
     # group's mean, so it qualifies too (level 1 -> 3 more generations)
-    batch, engine, rec, _ = run_augmenter(setup, monkeypatch, qualify="group_mean")
+    batch, engine, rec, _ = run_augmenter(setup, monkeypatch, rlvcr_qualify="group_mean")
     assert len(rec["groups"]) == 4 and [c[0] for c in engine.calls] == [10]
     assert float(batch.token_advantages[3].abs().max()) > 0  # traj 0 + w * thinking advantage
     # threshold above every reward: no generation, no scoring, pure trajectory advantage
-    batch, engine, rec, st = run_augmenter(setup, monkeypatch, qualify_threshold=5.0)
+    batch, engine, rec, st = run_augmenter(setup, monkeypatch, rlvcr_qualify_threshold=5.0)
     assert engine.calls == [] and "groups" not in rec
     traj = torch.tensor(grpo_loop([e.reward for e in episodes], uids))
     torch.testing.assert_close(batch.token_advantages, traj[:, None] * batch.response_mask.float())
@@ -319,7 +311,7 @@ def test_collector_wrapper_augments_inner_batch(setup, monkeypatch):
         tok,
         HFGenerateEngine(model, tok.pad_token_id, [tok.eos_token_id]),
         model,
-        RlvcrSettings(think_max_new_tokens=4),
+        AlgorithmConfig(rlvcr_think_max_new_tokens=4),
     )
     wrapped = RlvcrCollector(Inner(), aug)
     assert wrapped.engine == "the engine"
@@ -332,7 +324,7 @@ def test_missing_episodes_is_a_clear_error(setup):
     batch = make_batch(tok, episodes, uids)
     batch.episodes = None
     aug = RlvcrAugmenter(
-        tok, HFGenerateEngine(model, tok.pad_token_id, [tok.eos_token_id]), model, RlvcrSettings()
+        tok, HFGenerateEngine(model, tok.pad_token_id, [tok.eos_token_id]), model, AlgorithmConfig()
     )
     with pytest.raises(ValueError, match="episodes"):
         aug.augment(batch)
@@ -340,7 +332,7 @@ def test_missing_episodes_is_a_clear_error(setup):
 
 def test_score_malformed_steps_scores_them_as_level_1(setup, monkeypatch):
     _, tok, episodes, _ = setup
-    batch, engine, rec, _ = run_augmenter(setup, monkeypatch, score_malformed_steps=True)
+    batch, engine, rec, _ = run_augmenter(setup, monkeypatch, rlvcr_score_malformed_steps=True)
     # episode 2's malformed step now qualifies too (level 1 -> 3 generations): 7 + 3 prompts
     assert [c[0] for c in engine.calls] == [10] and len(rec["groups"]) == 4
     bad = rec["groups"][3]
@@ -376,7 +368,7 @@ def test_budget_cut_turn_is_neither_scored_nor_penalised(setup, monkeypatch):
 
     eps = copy.deepcopy(episodes)
     eps[0].steps[1].executed = False  # as if the token budget had cut the second turn
-    batch, engine, rec, _ = run_augmenter((model, tok, eps, uids), monkeypatch, format_penalty=1.0)
+    batch, engine, rec, _ = run_augmenter((model, tok, eps, uids), monkeypatch, rlvcr_format_penalty=1.0)
     assert len(rec["groups"]) == 2 and [c[0] for c in engine.calls] == [4]
     span = eps[0].steps[1]
     traj = grpo_loop([1.0, 0.0 - 0.5, 0.5 - 0.5, -1.0], uids)
@@ -397,7 +389,7 @@ def test_generation_prompt_keeps_history_ids(setup, monkeypatch):
         tok,
         Recording(model, tok.pad_token_id, [tok.eos_token_id]),
         model,
-        RlvcrSettings(think_max_new_tokens=2),
+        AlgorithmConfig(rlvcr_think_max_new_tokens=2),
     )
     aug.augment(make_batch(tok, episodes, uids))
     ep, step = episodes[0], episodes[0].steps[0]
@@ -429,7 +421,7 @@ def test_factory_wraps_the_episode_collector_for_rlvcr(tiny):
     assert isinstance(wrapped, RlvcrCollector) and wrapped.engine is engine
     assert "<level>k</level>" in wrapped.inner.templates.system
     s = wrapped.augmenter.settings
-    assert (s.qualify, s.score_malformed_steps, s.think_max_new_tokens) == ("group_mean", False, 16)
+    assert (s.rlvcr_qualify, s.rlvcr_score_malformed_steps, s.rlvcr_think_max_new_tokens) == ("group_mean", False, 16)
     inner = make_episode_collector(plain, tok, engine, Module())
     assert isinstance(inner, EpisodeCollector) and "<level>" not in inner.templates.system
     with pytest.raises(ValueError, match="step_format"):
@@ -451,7 +443,7 @@ def test_scoring_uses_the_generated_action_ids_not_a_re_encoding(setup, monkeypa
     episode.response_mask = [1] * len(episode.response_ids)
     episode.steps[0].action_end = len(episode.response_ids)
     episode.steps[0].action_text = "cat strategy.py"
-    batch, _, rec, _ = run_augmenter((model, tok, [episode], ["a"]), monkeypatch, qualify="all")
+    batch, _, rec, _ = run_augmenter((model, tok, [episode], ["a"]), monkeypatch, rlvcr_qualify="all")
     (group,) = rec["groups"]
     assert list(group.action_ids) == spelled
     assert list(group.action_prefix_ids) == enc("<action>")

@@ -34,7 +34,8 @@ import pytest
 import torch
 
 from src.algorithms.advantages import group_ids, grpo_advantage
-from src.algorithms.lagrange import DualSettings, lagrange_update
+from src.algorithms.lagrange import lagrange_update
+from src.config.schema import DualSettings
 from src.algorithms.losses import router_loss
 from src.config.schema import RouterHeadConfig
 from src.datamodules.synthetic import generate_rlla_rows, ground_truth_family
@@ -202,7 +203,7 @@ def train(
     start = time.perf_counter()
     torch.manual_seed(seed)
     generator = torch.Generator().manual_seed(seed)
-    router = Router(world.embedding, entropy_coef, DualSettings(budget=budget, lr=eta, every_k=k))
+    router = Router(world.embedding, entropy_coef, DualSettings(budget=budget, lambda_lr=eta, lambda_every_k=k))
     optimizer = torch.optim.Adam(router.policy.parameters(), lr=lr)
     lambdas, costs = [], []
     for step in range(steps):
@@ -373,14 +374,14 @@ def _feed(state: tuple, dual: DualSettings, costs: list[torch.Tensor]) -> list[f
 def test_lambda_window_step_is_lagrange_update_on_window_means_and_resumes_exactly():
     g = torch.Generator().manual_seed(0)
     costs = [torch.rand(int(torch.randint(3, 9, (1,), generator=g)), generator=g) for _ in range(14)]
-    dual = DualSettings(budget=0.3, lr=0.7, every_k=3)
+    dual = DualSettings(budget=0.3, lambda_lr=0.7, lambda_every_k=3)
 
     got = _feed(_fresh(), dual, costs)
     lam, expected, window = 0.0, [], []
     for step, cost in enumerate(costs):
         window.append(cost)
-        if (step + 1) % dual.every_k == 0:
-            lam = lagrange_update(lam, float(torch.cat(window).mean()), dual.budget, dual.lr)
+        if (step + 1) % dual.lambda_every_k == 0:
+            lam = lagrange_update(lam, float(torch.cat(window).mean()), dual.budget, dual.lambda_lr)
             window = []
         expected.append(lam)
     assert got == pytest.approx(expected, abs=1e-6)
@@ -391,7 +392,7 @@ def test_lambda_window_step_is_lagrange_update_on_window_means_and_resumes_exact
     state = _fresh()
     _feed(state, dual, costs[:7])
     assert _feed(copy.deepcopy(state), dual, costs[7:]) == pytest.approx(got[7:], abs=1e-12)
-    capped = _feed(_fresh(), DualSettings(0.0, 5.0, 1, 0.4), costs)
+    capped = _feed(_fresh(), DualSettings(budget=0.0, lambda_lr=5.0, lambda_max=0.4), costs)
     assert max(capped) == pytest.approx(0.4)  # lambda_max caps λ
 
 
@@ -400,7 +401,9 @@ def test_lambda_window_step_runs_the_pid_controller_and_resumes_it_exactly():
 
     g = torch.Generator().manual_seed(1)
     costs = [torch.rand(int(torch.randint(3, 9, (1,), generator=g)), generator=g) for _ in range(12)]
-    dual = DualSettings(0.3, 0.3, every_k=2, update="pid", kp=1.5, kd=2.0, cost_ema=0.6)
+    dual = DualSettings(
+        budget=0.3, lambda_lr=0.3, lambda_every_k=2, lambda_update="pid", lambda_kp=1.5, lambda_kd=2.0, lambda_cost_ema=0.6
+    )
     got = _feed(_fresh(0.2), dual, costs)
     gains = DualGains(ki=0.3, kp=1.5, kd=2.0, cost_ema=0.6)
     state, expected, window = init_dual_state(0.2), [], []
@@ -411,7 +414,7 @@ def test_lambda_window_step_runs_the_pid_controller_and_resumes_it_exactly():
             window = []
         expected.append(state.lam)
     assert got == pytest.approx(expected, abs=1e-6)
-    assert got != _feed(_fresh(0.2), DualSettings(0.3, 0.3, every_k=2), costs)  # P and D count
+    assert got != _feed(_fresh(0.2), DualSettings(budget=0.3, lambda_lr=0.3, lambda_every_k=2), costs)  # P and D count
 
     first = _fresh(0.2)
     _feed(first, dual, costs[:5])

@@ -27,9 +27,9 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
 import torch
+from omegaconf import OmegaConf
 
 from src.algorithms.advantages import group_ids
 from src.algorithms.rlvcr_advantage import (
@@ -45,6 +45,8 @@ from src.algorithms.rlvcr_steps import (
     qualifying_episodes,
     scatter_step_advantages,
 )
+from src.config.groups import AlgorithmGroupConfig
+from src.config.schema import AlgorithmConfig
 from src.rollout.batch import RolloutBatch
 from src.rollout.engines.types import RolloutEngine, SamplingParams
 from src.rollout.episodes.prompts import EpisodeTemplates, stop_token_ids
@@ -57,11 +59,10 @@ from src.rollout.rlvcr.steps import StepReader, StepRef, scored_step, tag_ids
 __all__ = [
     "RlvcrAugmenter",
     "RlvcrCollector",
-    "RlvcrSettings",
+    "check_settings",
     "make_rlvcr_collector",
     "rlvcr_episode_templates",
     "scored_step",
-    "settings_from_algorithm",
 ]
 
 log = logging.getLogger(__name__)
@@ -87,76 +88,18 @@ def rlvcr_episode_templates(**overrides: str) -> EpisodeTemplates:
 
 
 # ---------------------------------------------------------------------------- settings
-@dataclass
-class RlvcrSettings:
-    """Everything the augmenter needs (built from ``cfg.algorithm`` by ``settings_from_algorithm``).
-
-    w, alpha, cost_max, mode: the RLVCR formula (see ``src.algorithms.rlvcr_advantage``).
-    qualify: which episodes get the thinking advantage: ``threshold`` (reward > qualify_threshold),
-        ``group_mean`` (reward >= the mean reward of its uid group, i.e. the better half of each
-        group; a group whose rewards are all equal qualifies whole), ``all``.
-    format_penalty: subtracted from an episode's reward, scaled by its fraction of malformed steps
-        among the executed ones (so the penalty is at most ``format_penalty`` whatever the episode
-        length; a turn cut off by the token budget is not a step the env saw).
-    think_*: sampling of the alternative thinking.
-    score_max_rows: rows per teacher-forced forward (None = all rows in one forward).
-    allow_unclosed_action: accept a step without ``</action>`` (engines that stop on it and drop it).
-    score_malformed_steps: also score steps that break the format but carry an action (the
-        command the env received): their level is the declared one when it parses, else 1 (the
-        step acted without a usable thinking level). Off by default; useful while a model has not
-        learned the format yet (the format penalty still applies to those steps).
-    """
-
-    w: float = 1.0
-    alpha: float = 0.1
-    cost_max: float = 64.0
-    mode: str = "neg_entropy"  # seed 002: action entropy under each level's thinking
-    qualify: str = "threshold"
-    qualify_threshold: float = 0.0
-    format_penalty: float = 0.0
-    think_max_new_tokens: int = 64
-    think_temperature: float = 1.0
-    think_top_p: float = 1.0
-    score_max_rows: int | None = None
-    allow_unclosed_action: bool = True
-    score_malformed_steps: bool = False
-    adv_eps: float = 1e-6
-    norm_by_std: bool = True
-
-    def __post_init__(self) -> None:
-        if self.qualify not in QUALIFY_MODES:
-            raise ValueError(f"RLVCR qualify={self.qualify!r}; expected one of {list(QUALIFY_MODES)}")
-        if self.cost_max <= 0:
-            raise ValueError(f"RLVCR cost_max must be > 0, got {self.cost_max}")
-        if self.think_max_new_tokens < 1:
-            raise ValueError(f"RLVCR think_max_new_tokens must be >= 1, got {self.think_max_new_tokens}")
-
-
-# config key in ``cfg.algorithm`` -> RlvcrSettings field
-_ALGORITHM_KEYS = {
-    "step_advantage_w": "w",
-    "thinking_cost_alpha": "alpha",
-    "cost_max": "cost_max",
-    "rlvcr_mode": "mode",
-    "rlvcr_qualify": "qualify",
-    "rlvcr_qualify_threshold": "qualify_threshold",
-    "rlvcr_format_penalty": "format_penalty",
-    "rlvcr_think_max_new_tokens": "think_max_new_tokens",
-    "rlvcr_think_temperature": "think_temperature",
-    "rlvcr_think_top_p": "think_top_p",
-    "rlvcr_score_max_rows": "score_max_rows",
-    "rlvcr_allow_unclosed_action": "allow_unclosed_action",
-    "rlvcr_score_malformed_steps": "score_malformed_steps",
-    "adv_eps": "adv_eps",
-    "norm_adv_by_std": "norm_by_std",
-}
-
-
-def settings_from_algorithm(algorithm: Any) -> RlvcrSettings:
-    """RlvcrSettings from a mapping (``cfg.algorithm``); missing keys keep their defaults."""
-    get = algorithm.get if hasattr(algorithm, "get") else lambda k, d=None: getattr(algorithm, k, d)
-    kwargs = {field_name: get(key) for key, field_name in _ALGORITHM_KEYS.items() if get(key) is not None}
-    return RlvcrSettings(**kwargs)
+def check_settings(settings: AlgorithmConfig) -> None:
+    """The RLVCR keys' own checks (``validate()`` reports the same for a job's config)."""
+    if settings.rlvcr_qualify not in QUALIFY_MODES:
+        raise ValueError(
+            f"algorithm.rlvcr_qualify={settings.rlvcr_qualify!r}; expected one of {list(QUALIFY_MODES)}"
+        )
+    if settings.cost_max <= 0:
+        raise ValueError(f"algorithm.cost_max must be > 0, got {settings.cost_max}")
+    if settings.rlvcr_think_max_new_tokens < 1:
+        raise ValueError(
+            f"algorithm.rlvcr_think_max_new_tokens must be >= 1, got {settings.rlvcr_think_max_new_tokens}"
+        )
 
 
 # ---------------------------------------------------------------------------- orchestration
@@ -177,10 +120,11 @@ class RlvcrAugmenter:
         tokenizer: HF tokenizer of the policy.
         engine: rollout engine (``generate(prompt_ids, SamplingParams) -> Completions``).
         model: the actor, used for the teacher-forced scoring (put in eval mode while scoring).
-        settings: RlvcrSettings.
+        settings: the algorithm config (its RLVCR keys, ``RlvcrSettings``, and adv_eps / norm_adv_by_std).
     """
 
-    def __init__(self, tokenizer, engine: RolloutEngine, model, settings: RlvcrSettings):
+    def __init__(self, tokenizer, engine: RolloutEngine, model, settings: AlgorithmConfig):
+        check_settings(settings)
         self.tokenizer = tokenizer
         self.engine = engine
         self.model = model
@@ -192,8 +136,8 @@ class RlvcrAugmenter:
             tokenizer,
             self.drop_ids,
             self._enc,
-            settings.allow_unclosed_action,
-            settings.score_malformed_steps,
+            settings.rlvcr_allow_unclosed_action,
+            settings.rlvcr_score_malformed_steps,
         )
 
     def _enc(self, text: str) -> list[int]:
@@ -220,8 +164,8 @@ class RlvcrAugmenter:
         groups = group_ids(batch.uids)
         raw = torch.tensor([float(ep.reward) for ep in episodes], dtype=torch.float32)
         n_bad = malformed_counts(steps, n)
-        rewards = penalised_rewards(raw, n_bad / executed_counts(steps, n).clamp(min=1), st.format_penalty)
-        ep_ok = qualifying_episodes(raw, groups, st.qualify, st.qualify_threshold)
+        rewards = penalised_rewards(raw, n_bad / executed_counts(steps, n).clamp(min=1), st.rlvcr_format_penalty)
+        ep_ok = qualifying_episodes(raw, groups, st.rlvcr_qualify, st.rlvcr_qualify_threshold)
         qualifies = torch.tensor([qualifying_step(s, ep_ok) for s in steps], dtype=torch.bool)
         scoring = self.level_scores(steps, qualifies)
         adv = self.advantages(steps, rewards, groups, scoring, qualifies)
@@ -253,7 +197,7 @@ class RlvcrAugmenter:
         scored = [steps[i] for i in idx.tolist()]
         contexts, alt_tokens = self._alternative_thinking(scored)
         out = self._score(scored, contexts)
-        scores[idx] = make_level_scores(out.action_logprob, out.action_entropy, self.settings.mode)
+        scores[idx] = make_level_scores(out.action_logprob, out.action_entropy, self.settings.rlvcr_mode)
         costs[idx] = out.thinking_tokens.float()
         return LevelScoring(scores, costs, alt_tokens)
 
@@ -274,9 +218,9 @@ class RlvcrAugmenter:
         st = self.settings
         sampling = SamplingParams(
             n=1,
-            temperature=st.think_temperature,
-            top_p=st.think_top_p,
-            max_new_tokens=st.think_max_new_tokens,
+            temperature=st.rlvcr_think_temperature,
+            top_p=st.rlvcr_think_top_p,
+            max_new_tokens=st.rlvcr_think_max_new_tokens,
             stop_token_ids=self.tags.stop,
         )
         lists = self.engine.generate(prompts, sampling).token_lists()
@@ -302,7 +246,7 @@ class RlvcrAugmenter:
                 self.tags.action,
                 self.tags.levels,
                 self.tokenizer.pad_token_id,
-                max_rows=self.settings.score_max_rows,
+                max_rows=self.settings.rlvcr_score_max_rows,
             )
         finally:
             self.model.train(was_training)
@@ -325,7 +269,9 @@ class RlvcrAugmenter:
             torch.tensor([(s.level or 1) - 1 for s in steps], dtype=torch.long),
             qualifies,
         )
-        params = RlvcrParams(st.cost_max, st.alpha, st.w, eps=st.adv_eps, norm_by_std=st.norm_by_std)
+        params = RlvcrParams(
+            st.cost_max, st.thinking_cost_alpha, st.step_advantage_w, eps=st.adv_eps, norm_by_std=st.norm_adv_by_std
+        )
         return rlvcr_advantage(rewards, groups, levels, params)
 
     def metrics(self, steps, adv, qualifies, ep_ok, n_bad, alt_tokens: int) -> dict[str, float]:
@@ -399,8 +345,13 @@ class RlvcrCollector:
         return self.augmenter.augment(self.inner.collect(request))
 
 
+def algorithm_settings(algorithm) -> AlgorithmGroupConfig:
+    """``cfg.algorithm`` (typed or plain) as its schema: the augmenter reads the config's own keys."""
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(AlgorithmGroupConfig), algorithm))
+
+
 def make_rlvcr_collector(cfg, tokenizer, engine, module, inner) -> RlvcrCollector:
     """The episode collector ``inner`` wrapped with an augmenter built from ``cfg.algorithm``."""
     return RlvcrCollector(
-        inner, RlvcrAugmenter(tokenizer, engine, module.actor, settings_from_algorithm(cfg.algorithm))
+        inner, RlvcrAugmenter(tokenizer, engine, module.actor, algorithm_settings(cfg.algorithm))
     )
