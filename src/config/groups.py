@@ -106,7 +106,10 @@ class TrainerConfig:
     accelerator: str = "cpu"
     devices: int = 1
     num_nodes: int = 1
-    strategy: str = "auto"  # auto | ddp | fsdp | deepspeed_stage_2 | deepspeed_stage_3
+    strategy: str = "auto"  # a key of ``strategies``, or a name Lightning knows (auto, ddp_spawn, ...)
+    # name -> a node built with Hydra ``instantiate`` (``_target_`` plus grad_clip and world);
+    # ddp | fsdp | deepspeed_stage_2 | deepspeed_stage_3 in configs/train.yaml (src/jobs/strategies.py)
+    strategies: Dict[str, Any] = field(default_factory=dict)
     precision: str = "32-true"
     log_every_n_steps: int = 1
     val_check_interval: Optional[int] = None  # validate every N steps (with limit_val_batches > 0)

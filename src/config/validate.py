@@ -114,7 +114,6 @@ def _algorithm(cfg: DictConfig) -> list[str]:
                 "algorithm.rlvcr_think_max_new_tokens": a.rlvcr_think_max_new_tokens,
             }
         )
-        problems += one_of("algorithm.rlvcr_qualify", a.rlvcr_qualify, ("threshold", "group_mean", "all"))
     return problems
 
 
@@ -143,7 +142,6 @@ def _router(cfg: DictConfig) -> list[str]:
         {"router.lr": r.lr, "router.mlp_hidden": r.mlp_hidden, "router.lambda_lr": r.lambda_lr}
     )
     problems += positive({"router.lambda_every_k": r.lambda_every_k})
-    problems += one_of("router.lambda_update", r.lambda_update, ("gradient", "pid"))
     problems += positive({"router.lambda_kp": r.lambda_kp, "router.lambda_kd": r.lambda_kd}, strict=False)
     problems += in_range("router.lambda_cost_ema", r.lambda_cost_ema, 0.0, 1.0, high_open=True)
     problems += positive({"router.entropy_coef": r.entropy_coef, "router.sup_coef": r.sup_coef}, strict=False)
@@ -196,7 +194,6 @@ def _env(cfg: DictConfig) -> list[str]:
     problems = positive(
         {"env.token_budget": e.token_budget, "env.turn_cap": e.turn_cap, "env.env_workers": e.env_workers}
     )
-    problems += one_of("env.step_format", e.step_format, ("plain", "rlvcr"))
     backend, _, task = str(e.id).partition("/")
     if backend not in ("local", "mlgym") or not task:
         problems.append(f"env.id: {e.id!r} must look like 'local/<game>' or 'mlgym/<task>'")

@@ -24,7 +24,7 @@ from src.callbacks.progress import StepProgressBar
 from src.config.groups import AlgorithmGroupConfig, RouterConfig
 from src.config.sampling import eval_sampling
 from src.config.validate import world_size
-from src.jobs.strategies import single_optimizer, strategy_from
+from src.jobs.strategies import build_strategy, single_optimizer
 from src.models.loading import LoraSettings, load_causal_lm
 
 log = logging.getLogger(__name__)
@@ -121,7 +121,7 @@ def build_trainer(cfg: DictConfig, extra_callbacks: list[pl.Callback]) -> pl.Tra
         accelerator=t.accelerator,
         devices=t.devices,
         num_nodes=t.num_nodes,
-        strategy=strategy_from(t.strategy, float(cfg.algorithm.grad_clip), world_size(cfg)),
+        strategy=build_strategy(t, float(cfg.algorithm.grad_clip), world_size(cfg)),
         # the datamodules shard their own seeded order over the ranks (any world size, same prompts)
         use_distributed_sampler=False,
         precision=t.precision,

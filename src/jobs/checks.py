@@ -16,6 +16,7 @@ from src.algorithms.advantages import ADVANTAGES
 from src.config.checks import in_range, unknown_keys
 from src.config.errors import ConfigError
 from src.config.validate import validate
+from src.jobs.registry_checks import registry_problems
 from src.router.cost import max_cost
 
 
@@ -48,6 +49,6 @@ def validate_job(cfg: DictConfig) -> None:
         validate(cfg)
     except ConfigError as err:
         problems = list(err.problems)
-    problems += component_problems(cfg)
+    problems += component_problems(cfg) + registry_problems(cfg)
     if problems:
         raise ConfigError(problems)

@@ -1,5 +1,11 @@
 """The Lightning strategy that ``trainer.strategy`` names: ddp, fsdp (FSDP2), deepspeed_stage_2/3.
 
+``trainer.strategies`` (configs/train.yaml) maps each name to a node built with Hydra
+``instantiate`` from its ``_target_`` (the builders below, plus ``grad_clip`` and ``world``); a
+researcher's own strategy is one more node (``+trainer.strategies.mine._target_=my.module.build
+trainer.strategy=mine``), no code here changes. A name that is not a key there (``auto``,
+``ddp_spawn``, ...) goes to Lightning as it is.
+
 Each works with ``trainer.devices=N`` on CPU (gloo) and on GPUs (nccl): the process-group backend
 is left to Lightning, which picks it from the device. What Lightning refuses on CPU is overridden
 here and nothing else:
@@ -18,7 +24,10 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["MULTI_PROCESS", "SHARDED", "single_optimizer", "strategy_from"]
+from hydra.utils import instantiate
+from omegaconf import DictConfig
+
+__all__ = ["MULTI_PROCESS", "SHARDED", "build_strategy", "ddp", "deepspeed", "fsdp", "single_optimizer", "strategy_names"]
 
 SHARDED = ("fsdp", "deepspeed_stage_2", "deepspeed_stage_3")
 MULTI_PROCESS = ("ddp", *SHARDED)
@@ -30,23 +39,42 @@ def single_optimizer(name: str) -> bool:
     return str(name) in MULTI_PROCESS
 
 
-def strategy_from(name: str, grad_clip: float = 0.0, world: int = 1):
-    """A Strategy instance for the names above (``world`` processes in all); any other name goes
-    to Lightning as it is."""
-    name = str(name)
-    if name == "ddp":
-        from lightning.pytorch.strategies import DDPStrategy
+def strategy_names(cfg: DictConfig) -> list[str]:
+    """What ``trainer.strategy`` may name: a ``trainer.strategies`` key or one of Lightning's own."""
+    from lightning.pytorch.strategies import StrategyRegistry
 
-        # the router head is unused by the actor's backward (and vice versa)
-        return DDPStrategy(find_unused_parameters=True)
-    if name == "fsdp":
-        from lightning.pytorch.strategies import ModelParallelStrategy
+    return list(dict.fromkeys(["auto", *cfg.trainer.strategies, *StrategyRegistry.available_strategies()]))
 
-        # every process is a data-parallel replica holding a shard (no tensor parallelism)
-        return ModelParallelStrategy(data_parallel_size=world, tensor_parallel_size=1)
-    if name in ("deepspeed_stage_2", "deepspeed_stage_3"):
-        return _deepspeed(int(name[-1]), grad_clip)
-    return name
+
+def build_strategy(trainer: DictConfig, grad_clip: float, world: int):
+    """``trainer.strategies[trainer.strategy]`` instantiated (``world`` processes in all); any
+    other name goes to Lightning as it is."""
+    name = str(trainer.strategy)
+    if name not in trainer.strategies:
+        return name
+    return instantiate(trainer.strategies[name], grad_clip=float(grad_clip), world=int(world))
+
+
+# ---------------------------------------------------------------------------- builders (``_target_``)
+def ddp(*, grad_clip: float, world: int):
+    from lightning.pytorch.strategies import DDPStrategy
+
+    del grad_clip, world  # Lightning clips; the launcher sets the world
+    # the router head is unused by the actor's backward (and vice versa)
+    return DDPStrategy(find_unused_parameters=True)
+
+
+def fsdp(*, grad_clip: float, world: int):
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    del grad_clip  # Lightning clips
+    # every process is a data-parallel replica holding a shard (no tensor parallelism)
+    return ModelParallelStrategy(data_parallel_size=world, tensor_parallel_size=1)
+
+
+def deepspeed(*, stage: int, grad_clip: float, world: int):
+    del world
+    return _deepspeed(int(stage), grad_clip)
 
 
 def _deepspeed(stage: int, grad_clip: float):

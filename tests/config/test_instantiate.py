@@ -50,3 +50,49 @@ def test_env_from_its_target():
         )
     finally:
         env.close()
+
+
+class _MyStrategy:
+    """A researcher's strategy: built from its node, nothing in src/ edited."""
+
+    def __init__(self, *, grad_clip: float, world: int, flavour: str):
+        self.grad_clip, self.world, self.flavour = grad_clip, world, flavour
+
+
+def test_strategy_from_its_target_and_lightnings_own_names_pass_through():
+    from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
+
+    from src.jobs.checks import validate_job
+    from src.jobs.strategies import build_strategy
+
+    def built(*overrides):
+        cfg = compose_job(["experiment=grpo", "trainer.devices=2", *overrides])
+        validate_job(cfg)
+        return build_strategy(cfg.trainer, 0.5, 2)
+
+    ddp = built("trainer.strategy=ddp")
+    assert isinstance(ddp, DDPStrategy) and ddp._ddp_kwargs["find_unused_parameters"] is True
+    fsdp = built("trainer.strategy=fsdp")
+    assert isinstance(fsdp, ModelParallelStrategy) and fsdp._data_parallel_size == 2
+    assert built("trainer.strategy=auto") == "auto" and built("trainer.strategy=ddp_spawn") == "ddp_spawn"
+    mine = built(
+        f"+trainer.strategies.mine._target_={__name__}._MyStrategy",
+        "+trainer.strategies.mine.flavour=plain",
+        "trainer.strategy=mine",
+    )
+    assert isinstance(mine, _MyStrategy) and (mine.grad_clip, mine.world, mine.flavour) == (0.5, 2, "plain")
+
+
+def test_the_module_takes_the_router_config_as_its_lambda_settings():
+    """One source: the λ keys of ``router`` are DualSettings' fields, read by the module as they are."""
+    from dataclasses import fields
+
+    from src.config.groups import RouterConfig
+    from src.config.schema import DualSettings
+    from src.jobs.build import dataclass_from
+
+    cfg = compose_job(["experiment=router_grpo", "router.lambda_lr=0.25", "router.lambda_update=pid"])
+    router = dataclass_from(RouterConfig, cfg.router)
+    assert isinstance(router, DualSettings)
+    assert (router.lambda_lr, router.lambda_update) == (0.25, "pid")
+    assert {f.name for f in fields(DualSettings)} <= set(cfg.router)  # every field is a config key

@@ -102,6 +102,26 @@ def test_router_budget_and_lambda_ranges(overrides, key):
     assert key in keys(problems(*overrides, base="experiment=router_grpo"))
 
 
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("algorithm.adv_estimator=nope", "algorithm.adv_estimator"),
+        ("algorithm.policy_loss=nope", "algorithm.policy_loss"),
+        ("algorithm.kl_estimator=k9", "algorithm.kl_estimator"),
+        ("algorithm.loss_agg_mode=sum", "algorithm.loss_agg_mode"),
+        ("trainer.strategy=nope", "trainer.strategy"),
+    ],
+)
+def test_names_are_checked_against_their_registries(override, key):
+    assert key in keys(problems(override))
+
+
+def test_a_registered_estimator_passes_without_a_list_to_edit(monkeypatch):
+    name = "test_only_estimator"
+    monkeypatch.setitem(ADVANTAGES._items, name, lambda rewards, index, norm_by_std=True, eps=1e-6: rewards)
+    assert "algorithm.adv_estimator" not in keys(problems(f"algorithm.adv_estimator={name}"))
+
+
 def test_budget_range_follows_the_cost():
     assert problems("router.budget=2.5", "router.cost=per_family", base="experiment=router_grpo") == []
     assert problems("router.budget=50", "router.cost=per_call", base="experiment=router_grpo") == []
