@@ -28,7 +28,11 @@ __all__ = [
 def dual_gains(dual: DualSettings) -> DualGains:
     """The controller's gains from the ``router`` group's λ keys."""
     return DualGains(
-        ki=dual.lambda_lr, kp=dual.lambda_kp, kd=dual.lambda_kd, cost_ema=dual.lambda_cost_ema, lambda_max=dual.lambda_max
+        ki=dual.lambda_lr,
+        kp=dual.lambda_kp,
+        kd=dual.lambda_kd,
+        cost_ema=dual.lambda_cost_ema,
+        lambda_max=dual.lambda_max,
     )
 
 

@@ -27,7 +27,16 @@ import argparse
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-__all__ = ["MULTI_PROCESS", "SHARDED", "build_strategy", "ddp", "deepspeed", "fsdp", "single_optimizer", "strategy_names"]
+__all__ = [
+    "MULTI_PROCESS",
+    "SHARDED",
+    "build_strategy",
+    "ddp",
+    "deepspeed",
+    "fsdp",
+    "single_optimizer",
+    "strategy_names",
+]
 
 SHARDED = ("fsdp", "deepspeed_stage_2", "deepspeed_stage_3")
 MULTI_PROCESS = ("ddp", *SHARDED)

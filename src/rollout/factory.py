@@ -12,12 +12,13 @@ from pathlib import Path
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from src.config.groups import RouterConfig
 from src.config.sampling import SamplingConfig, eval_sampling, train_sampling
 from src.config.sampling import SamplingParams as JobSampling
 from src.rewards.types import RewardConfig
 from src.rollout.engines.types import SamplingParams
 from src.rollout.responses import ResponseScorer
-from src.rollout.single_turn import RouterSettings, SingleTurnCollector
+from src.rollout.single_turn import SingleTurnCollector
 
 
 # ---------------------------------------------------------------------------- engines
@@ -102,12 +103,7 @@ def make_collector(cfg: DictConfig, tokenizer, module, model_path: Path):
         return make_episode_collector(cfg, tokenizer, engine, module)
     from src.router.cost import make_cost_fn
 
-    router = RouterSettings(
-        enable=cfg.router.enable,
-        sample=cfg.router.sample,
-        prompt_mode=cfg.router.prompt_mode,
-        actor_reward=cfg.router.actor_reward,
-    )
+    router = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(RouterConfig), cfg.router))
     cost_fn = make_cost_fn(cfg.router.cost, **OmegaConf.to_container(cfg.router.cost_weights, resolve=True))
     scorer = ResponseScorer(
         make_families(cfg), cost_fn, RewardConfig(**OmegaConf.to_container(cfg.reward, resolve=True))

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from src.algorithms.lagrange import lagrangian_reward
+from src.config.groups import RouterConfig
 from src.rewards.finite import check_finite_rewards
 from src.rollout.batch import RolloutBatch, RouterRollout, assemble_sequences
 from src.rollout.engines.types import Completions, RolloutEngine, SamplingParams, left_pad
@@ -26,17 +27,9 @@ from src.rollout.routing import ROUTE_NAMES, RouteDecision, decide_routes, route
 from src.router.context import PromptContext, record_context
 from src.router.routes import weak_label_index
 
-__all__ = ["ROUTE_NAMES", "RouterSettings", "SingleTurnCollector", "decode_response"]
+__all__ = ["ROUTE_NAMES", "SingleTurnCollector", "decode_response"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class RouterSettings:
-    enable: bool = False
-    sample: bool = True  # False: argmax
-    prompt_mode: str = "emphasis"  # or "only_family"
-    actor_reward: str = "task"  # the actor's GRPO reward: "task" (r_task) or "router" (r_task − λ·cost)
 
 
 @dataclass
@@ -115,10 +108,11 @@ class SingleTurnCollector:
         engine: RolloutEngine,
         sampling: SamplingParams,
         scorer: ResponseScorer,
-        router: RouterSettings,
+        router: RouterConfig,
         router_logits_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
     ):
-        """``scorer`` holds the tool families, the cost function and the reward config."""
+        """``scorer`` holds the tool families, the cost function and the reward config; ``router``
+        is the ``router`` group (read: enable, sample, prompt_mode, actor_reward)."""
         self.tokenizer = tokenizer
         self.engine = engine
         self.sampling = sampling

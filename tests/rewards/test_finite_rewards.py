@@ -8,6 +8,7 @@ import random
 import pytest
 import torch
 
+from src.config.groups import RouterConfig
 from src.rewards.finite import NonFiniteRewardError, check_finite_rewards
 from src.rewards.types import RewardBreakdown, RewardConfig
 from src.rollout.request import CollectRequest
@@ -96,7 +97,7 @@ def test_single_turn_collector_rejects_a_nan_reward_naming_the_uid(tiny, monkeyp
         _FixedEngine(tok),
         SamplingParams(n=2, max_new_tokens=16),
         ResponseScorer(ToolFamilies(), None, RewardConfig()),
-        single_turn.RouterSettings(enable=False),
+        RouterConfig(enable=False),
     )
     gt = "<think>p</think>\n<response>hi</response>"
     records = [

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from src.config.groups import RouterConfig
 from src.datamodules.rlla_datamodule import prompt_token_ids
 from src.datamodules.synthetic import TOOLS, build_system_prompt, build_user_turn
 from src.rewards.dispatch import score
@@ -13,7 +14,7 @@ from src.rollout.engines.hf import HFGenerateEngine
 from src.rollout.engines.types import SamplingParams
 from src.rollout.request import CollectRequest
 from src.rollout.responses import ResponseScorer
-from src.rollout.single_turn import RouterSettings, SingleTurnCollector
+from src.rollout.single_turn import SingleTurnCollector
 from src.router.context import record_context, routed_messages
 from src.router.families import ToolFamilies
 from src.router.usage import tool_usage
@@ -60,7 +61,7 @@ def collector(tiny, router: bool, temperature: float = 0.7) -> SingleTurnCollect
         HFGenerateEngine(model, tok.pad_token_id, [tok.eos_token_id]),
         SamplingParams(n=2, temperature=temperature, max_new_tokens=6),
         ResponseScorer(ToolFamilies(), lambda usage: 0.5 * usage.n_calls, RewardConfig()),
-        RouterSettings(enable=router, sample=False, actor_reward="router"),
+        RouterConfig(enable=router, sample=False, actor_reward="router"),
         router_logits_fn=fixed_logits if router else None,
     )
 

@@ -58,7 +58,11 @@ def watched_vllm_engine(*, module, tokenizer, model_path, micro_batch_size, **se
     from src.rollout.factory import vllm_engine
 
     real = vllm_engine(
-        module=module, tokenizer=tokenizer, model_path=model_path, micro_batch_size=micro_batch_size, **settings
+        module=module,
+        tokenizer=tokenizer,
+        model_path=model_path,
+        micro_batch_size=micro_batch_size,
+        **settings,
     )
     BUILT.append(WatchedEngine(real, module.actor, tokenizer))
     return BUILT[-1]
