@@ -17,9 +17,10 @@ Opponents (behaviour chosen to reproduce MLGym's published figures at 10 rounds)
   2.37), always-defect about 2.63, tit-for-tat about 2.34, always-cooperate about 2.25.
 
 Two sides use this module. The agent's side: ``local_game.py`` runs it as a script
-(``python -I games.py ...``) inside the sandbox, where the agent's strategy file is imported and
-played; that process only reports the moves of every game (``play_strategy_file``), never a score,
-so it must stay importable with the standard library only. The trusted side: ``game_scoring.py``
+(``python -I games.py --interactive ...``) inside the sandbox as the runner, which starts the
+agent's strategy in a process of its own (``--strategy-worker``: the strategy file is imported and
+played there) and relays its moves (``relay_to_scorer``); neither process computes a score, and the
+module must stay importable with the standard library only. The trusted side: ``game_scoring.py``
 in the trainer's own process replays the opponent from the seed against the reported row moves and
 computes the score; nothing the agent's code does in its process can change that computation.
 """

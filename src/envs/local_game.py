@@ -15,14 +15,16 @@ of:
 * ``exit`` or ``exit_forfeit``: end the episode without scoring; reward = score = 0.0
   (like MLGym's forfeit; there is no baseline credit for quitting).
 
-After ``max_steps`` actions the current strategy.py is submitted automatically. Scoring is split:
-``games.py`` runs as a script in the sandbox, imports strategy.py there and reports only the moves
-it played; ``game_scoring.py`` in this process replays the opponent, checks the report and computes
-the score (finite, within the payoff range), so the agent's code cannot patch the scorer. A
-strategy that loops forever, crashes or forges its report produces an "Evaluation error"
-observation (score 0.0 on submit), never an exception or a reward. The episode seed
-fixes the opponent's random stream and the global ``random`` seen by the strategy, and is stated in
-the first observation, so one seed gives one first observation and one opponent behaviour.
+After ``max_steps`` actions the current strategy.py is submitted automatically. Scoring is split
+over three processes: in the sandbox, ``games.py`` (the runner) starts strategy.py in a process of
+its own that holds only a pipe pair to the runner, and relays its moves; ``game_scoring.py`` in
+this process draws the partner's moves (from a seed the sandbox never sees, each after the row
+moves are committed), checks every line and computes the score (finite, within the payoff range),
+so the agent's code can neither patch the scorer nor reach the runner's state or the scorer's
+pipes. A strategy that loops forever, crashes or forges its report produces an "Evaluation error"
+observation (score 0.0 on submit), never an exception or a reward. The episode seed fixes the
+global ``random`` seen by the strategy and (through a key) the partner's stream, so one seed gives
+one first observation and one partner behaviour.
 """
 
 from __future__ import annotations
