@@ -5,7 +5,9 @@
 With ``sft.route_augment`` every row is shown under all three route-conditioned prompts with the
 target a route-following actor writes (``src.jobs.route_sft``), so the warm-started model does
 what the route says and the router's choice decides reward and cost. Progress (step, loss, ETA)
-is logged every ``sft.log_every`` steps by ``SFTProgressLog``.
+is logged every ``sft.log_every`` steps by ``SFTProgressLog``. SIGINT / SIGTERM save the fit's
+whole state beside the model it would write, and the same command resumes it
+(``src.jobs.sft_resume``): the result is the uninterrupted run's, bit for bit.
 """
 
 from __future__ import annotations
