@@ -139,6 +139,7 @@ class LocalGameEnv:
         )
         resolve_backend(self.config.confinement)  # start-up error if no confinement tool works
         self.workspace: Path | None = None
+        self._enter: tuple[str, ...] = ()  # argv prefix into the namespace that holds the workspace
         self._cleanup: weakref.finalize | None = None
         self._seed = 0
         self._steps = 0
@@ -149,9 +150,10 @@ class LocalGameEnv:
         if not isinstance(seed, int) or isinstance(seed, bool):
             raise TypeError(f"reset(seed) needs an int seed, got {seed!r}")
         self._remove_workspace()
-        self.workspace = Path(tempfile.mkdtemp(prefix=f"{self.game.name}_", dir=self.config.workspace_root))
-        mounted = workspace_cap.make_capped(self.workspace, self.config.workspace_mb)
-        self._cleanup = weakref.finalize(self, workspace_cap.remove, str(self.workspace), mounted)
+        created = Path(tempfile.mkdtemp(prefix=f"{self.game.name}_", dir=self.config.workspace_root))
+        capped = workspace_cap.make_capped(created, self.config.workspace_mb)
+        self._cleanup = weakref.finalize(self, workspace_cap.remove, capped)
+        self.workspace, self._enter = capped.access, capped.enter
         (self.workspace / STRATEGY_FILE).write_text(self.game.starter_source)
         starter = self.workspace / STARTER_FILE
         starter.write_text(self.game.starter_source)
@@ -230,7 +232,8 @@ class LocalGameEnv:
     # ----- helpers -----
     def _run_shell(self, command: str, info: dict[str, Any]) -> str:
         info["action_type"] = "shell"
-        result = run_command(command, self.workspace, self._command_sandbox)
+        sandbox = dataclasses.replace(self._command_sandbox, enter=self._enter)
+        result = run_command(command, self.workspace, sandbox)
         info["timed_out"] = result.timed_out
         info["exit_code"] = result.exit_code
         info["truncated"] = result.truncated
@@ -263,7 +266,7 @@ class LocalGameEnv:
         score, error, timed_out = run_session(
             argv,
             self.workspace,
-            self._eval_sandbox,
+            dataclasses.replace(self._eval_sandbox, enter=self._enter),
             talk,
             extra_ro=((_GAMES_SCRIPT, _RUNNER_IN_SANDBOX),),
             line_limit=self.config.simulations + 4096,
