@@ -34,6 +34,9 @@ from src.jobs.sft_resume import EndlessShuffle, interrupted_path, resumable_step
 
 log = logging.getLogger(__name__)
 
+# in the warm starts' cache key: an entry trained with another data order is not this one
+ORDER_VERSION = "endless-shuffle-v1"
+
 
 class SFTModule(pl.LightningModule):
     """Next-token cross-entropy on target tokens only (labels -100 elsewhere).
@@ -288,6 +291,7 @@ def ensure_sft_warm_start(cfg: DictConfig, base: Path) -> Path:
             "sft": OmegaConf.to_container(cfg.sft, resolve=True),
             "data": OmegaConf.to_container(cfg.data, resolve=True),
             "seed": cfg.seed,
+            "order": ORDER_VERSION,
         },
     )
     if _cached(out):
@@ -363,6 +367,7 @@ def ensure_episode_warm_start(cfg: DictConfig, base: Path) -> Path:
             "env": env_cfg,
             "templates": dataclasses.asdict(episode_templates(env_cfg)),
             "seed": cfg.seed,
+            "order": ORDER_VERSION,
             "agent": hashlib.sha1(agent_src.encode()).hexdigest(),
         },
     )
