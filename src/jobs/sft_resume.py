@@ -52,6 +52,8 @@ def interrupted_path(out_dir: Path) -> Path:
 def resumable_step(ckpt: Path) -> int | None:
     """Steps done by the interrupted fit saved at ``ckpt``; None when there is none. A file that
     cannot be read (damaged by hand: saves are atomic) is named, removed, and the fit starts over."""
+    for partial in ckpt.parent.glob(f".{ckpt.name}.*.tmp"):  # a save cut short by a kill
+        partial.unlink(missing_ok=True)
     if not ckpt.exists():
         return None
     try:

@@ -67,3 +67,30 @@ def test_warm_start_resumes_where_it_stopped(tmp_path, signum, code):
     assert (
         not saved[0].exists() and saved[0].with_name(saved[0].name.removesuffix(".interrupted.ckpt")).is_dir()
     )
+
+
+def test_data_order_resumes_mid_stream_and_each_epoch_is_a_permutation():
+    from src.jobs.sft_resume import EndlessShuffle
+
+    stream = iter(EndlessShuffle(5, seed=3))
+    whole = [next(stream) for _ in range(17)]
+    for start in (0, 4, 5, 7, 13):
+        resumed = iter(EndlessShuffle(5, seed=3, start=start))
+        assert [next(resumed) for _ in range(17 - start)] == whole[start:]
+    assert all(sorted(whole[e * 5 : e * 5 + 5]) == list(range(5)) for e in range(3))
+    assert whole[:5] != whole[5:10] or whole[5:10] != whole[10:15]  # not one order repeated
+    other = iter(EndlessShuffle(5, seed=4))
+    assert [next(other) for _ in range(17)] != whole
+
+
+def test_unreadable_or_partial_interrupted_state_trains_from_scratch(tmp_path):
+    from src.jobs.sft_resume import interrupted_path, resumable_step
+
+    saved = interrupted_path(tmp_path / "model")
+    assert saved == tmp_path / "model.interrupted.ckpt"
+    (tmp_path / f".{saved.name}.x1y2.tmp").write_bytes(b"cut short")  # a save killed midway
+    assert resumable_step(saved) is None and not list(tmp_path.iterdir())
+    saved.write_bytes(b"not a checkpoint")
+    assert resumable_step(saved) is None and not saved.exists()
+    torch.save({"global_step": 7}, saved)
+    assert resumable_step(saved) == 7
