@@ -256,8 +256,8 @@ def test_sigkill_mid_curriculum_resumes_exactly(uninterrupted_curriculum, tmp_pa
     _kill_and_resume_curriculum(uninterrupted_curriculum, run_dir, "SIGKILL", "batch_end", -signal.SIGKILL)
     # the resume started from a moved curriculum: easy graduated, hard active, both measured
     start = _callback_state(
-        _checkpoint_callbacks(run_dir / "checkpoints" / "step_00000003.ckpt"), "Curriculum"
-    )
+        _checkpoint_callbacks(run_dir / "checkpoints" / "step_00000003.ckpt"), "RolloutCallback"
+    )["source"]
     assert start["status"] == {"easy": "graduated", "hard": "active"} and start["evaluated_at"] == 2
 
 
