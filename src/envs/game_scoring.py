@@ -126,7 +126,7 @@ def score_interactively(
     game: GameSpec, recv, send, rounds: int, simulations: int, rngs: list[random.Random]
 ) -> float:
     """Play ``simulations`` games of ``rounds`` rounds side by side against the sandboxed strategy
-    (see ``games.play_against_scorer``): each round, read the row moves of all games, then draw
+    (see ``games.relay_to_scorer``): each round, read the row moves of all games, then draw
     the partner's moves here (game ``g`` from ``rngs[g]``) and send them. Returns the row player's
     mean payoff per round over all games.
 

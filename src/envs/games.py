@@ -17,9 +17,10 @@ Opponents (behaviour chosen to reproduce MLGym's published figures at 10 rounds)
   2.37), always-defect about 2.63, tit-for-tat about 2.34, always-cooperate about 2.25.
 
 Two sides use this module. The agent's side: ``local_game.py`` runs it as a script
-(``python -I games.py ...``) inside the sandbox, where the agent's strategy file is imported and
-played; that process only reports the moves of every game (``play_strategy_file``), never a score,
-so it must stay importable with the standard library only. The trusted side: ``game_scoring.py``
+(``python -I games.py --interactive ...``) inside the sandbox as the runner, which starts the
+agent's strategy in a process of its own (``--strategy-worker``: the strategy file is imported and
+played there) and relays its moves (``relay_to_scorer``); neither process computes a score, and the
+module must stay importable with the standard library only. The trusted side: ``game_scoring.py``
 in the trainer's own process replays the opponent from the seed against the reported row moves and
 computes the score; nothing the agent's code does in its process can change that computation.
 """
@@ -30,6 +31,7 @@ import argparse
 import json
 import os
 import random
+import subprocess
 import sys
 import traceback
 import types
@@ -344,14 +346,11 @@ def _silence_agent_output() -> int:
     return result_fd
 
 
-def play_against_scorer(strategy_path: str, rounds: int, simulations: int, seed: int, inp, out) -> None:
-    """The sandbox side of a scored evaluation: this process never holds the partner's random stream.
-
-    The ``simulations`` games are played side by side, round by round. Protocol (one line each):
-    this side sends ``R`` (strategy loaded) or ``E <json error>``; then, every round, the row moves
-    of all games (``simulations`` characters 0/1) or ``E <json error>``, and reads back the
-    partner's moves, which the scorer draws only after the row moves are committed. ``seed`` seeds
-    only the strategy's own ``random``; the partner's seed never enters this process.
+def play_against_runner(strategy_path: str, rounds: int, simulations: int, seed: int, inp, out) -> None:
+    """The strategy's own process (``--strategy-worker``): load the agent's strategy and play the
+    ``simulations`` games side by side, round by round, talking only to the runner over ``inp`` /
+    ``out`` (see :func:`relay_to_scorer` for the protocol, which the runner passes on unchanged).
+    ``seed`` seeds only the strategy's own ``random``; the partner's seed never enters the sandbox.
     """
 
     def send(line: str) -> None:
@@ -375,16 +374,83 @@ def play_against_scorer(strategy_path: str, rounds: int, simulations: int, seed:
             return send("E " + json.dumps(_short_traceback(exc, strategy_path)))
         send("".join(map(str, rows)))
         cols = inp.readline().strip()
-        if len(cols) != simulations or not set(cols) <= {"0", "1"}:
-            return None  # the scorer stopped (or the strategy read its reply): nothing more to play
+        if not _is_moves(cols, simulations):
+            return None  # the runner stopped: nothing more to play
         for h, row, col in zip(histories, rows, cols):
             h.append((row, int(col)))
     return None
 
 
+def _is_moves(line: str, simulations: int) -> bool:
+    return len(line) == simulations and set(line) <= {"0", "1"}
+
+
+def _not_dumpable() -> None:
+    """Make this process's memory and /proc/<pid>/fd unreachable to the strategy's process (same
+    uid, no capabilities): no ptrace, no opening the scorer's pipes through /proc."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE, 0
+    except (OSError, AttributeError):
+        pass  # not Linux: the process boundary still holds
+
+
+def relay_to_scorer(
+    strategy_path: str, rounds: int, simulations: int, seed: int, scorer_in, scorer_out
+) -> None:
+    """The sandbox side of a scored evaluation. The agent's strategy runs in a child process
+    (:func:`play_against_runner`) that holds only a pipe pair to this one: it cannot read this
+    process's frames or objects, nor reach the scorer's pipes. Protocol (one line each, relayed):
+    ``R`` (strategy loaded) or ``E <json error>``; then every round the row moves of all games
+    (``simulations`` characters 0/1) or ``E <json error>``, answered by the partner's moves, which
+    the scorer draws only after the row moves are committed. A line that is not a move line ends
+    the evaluation after it is passed on (the scorer names what was wrong)."""
+    _not_dumpable()
+    argv = [
+        sys.executable,
+        "-I",
+        "-B",
+        os.path.abspath(__file__),
+        "--strategy-worker",
+        "--strategy",
+        strategy_path,
+    ]
+    argv += ["--rounds", str(rounds), "--simulations", str(simulations), "--seed", str(seed)]
+    worker = subprocess.Popen(
+        argv,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        close_fds=True,
+    )
+
+    def pass_on(line: str) -> None:
+        scorer_out.write(line + "\n")
+        scorer_out.flush()
+
+    try:
+        first = worker.stdout.readline(1 << 16).strip()
+        pass_on(first)
+        for _ in range(rounds if first == "R" else 0):
+            rows = worker.stdout.readline(simulations + (1 << 16)).strip()
+            pass_on(rows)
+            cols = scorer_in.readline().strip()
+            if not (_is_moves(rows, simulations) and _is_moves(cols, simulations)):
+                return
+            worker.stdin.write(cols + "\n")
+            worker.stdin.flush()
+    except (BrokenPipeError, OSError):
+        return
+    finally:
+        worker.kill()
+        worker.wait()
+
+
 def _main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Play a row_strategy file; reads a nonce from stdin.")
-    parser.add_argument("--game", required=True)
+    parser.add_argument("--game", help="the game (not needed by --interactive and --strategy-worker)")
     parser.add_argument("--strategy", required=True)
     parser.add_argument("--rounds", type=int, required=True)
     parser.add_argument("--simulations", type=int, required=True)
@@ -392,11 +458,15 @@ def _main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--interactive", action="store_true", help="play against the scorer over stdin/stdout"
     )
+    parser.add_argument("--strategy-worker", action="store_true", help="(internal) the strategy's process")
     args = parser.parse_args(argv)
     if args.interactive:
+        relay_to_scorer(args.strategy, args.rounds, args.simulations, args.seed, sys.stdin, sys.stdout)
+        return 0
+    if args.strategy_worker:
         result_fd = _silence_agent_output()
         with os.fdopen(result_fd, "w", encoding="utf-8") as out:
-            play_against_scorer(args.strategy, args.rounds, args.simulations, args.seed, sys.stdin, out)
+            play_against_runner(args.strategy, args.rounds, args.simulations, args.seed, sys.stdin, out)
         return 0
     nonce = sys.stdin.readline().strip()
     result_fd = _silence_agent_output()

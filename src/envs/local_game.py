@@ -15,14 +15,16 @@ of:
 * ``exit`` or ``exit_forfeit``: end the episode without scoring; reward = score = 0.0
   (like MLGym's forfeit; there is no baseline credit for quitting).
 
-After ``max_steps`` actions the current strategy.py is submitted automatically. Scoring is split:
-``games.py`` runs as a script in the sandbox, imports strategy.py there and reports only the moves
-it played; ``game_scoring.py`` in this process replays the opponent, checks the report and computes
-the score (finite, within the payoff range), so the agent's code cannot patch the scorer. A
-strategy that loops forever, crashes or forges its report produces an "Evaluation error"
-observation (score 0.0 on submit), never an exception or a reward. The episode seed
-fixes the opponent's random stream and the global ``random`` seen by the strategy, and is stated in
-the first observation, so one seed gives one first observation and one opponent behaviour.
+After ``max_steps`` actions the current strategy.py is submitted automatically. Scoring is split
+over three processes: in the sandbox, ``games.py`` (the runner) starts strategy.py in a process of
+its own that holds only a pipe pair to the runner, and relays its moves; ``game_scoring.py`` in
+this process draws the partner's moves (from a seed the sandbox never sees, each after the row
+moves are committed), checks every line and computes the score (finite, within the payoff range),
+so the agent's code can neither patch the scorer nor reach the runner's state or the scorer's
+pipes. A strategy that loops forever, crashes or forges its report produces an "Evaluation error"
+observation (score 0.0 on submit), never an exception or a reward. The episode seed fixes the
+global ``random`` seen by the strategy and (through a key) the partner's stream, so one seed gives
+one first observation and one partner behaviour.
 """
 
 from __future__ import annotations
@@ -137,6 +139,7 @@ class LocalGameEnv:
         )
         resolve_backend(self.config.confinement)  # start-up error if no confinement tool works
         self.workspace: Path | None = None
+        self._enter: tuple[str, ...] = ()  # argv prefix into the namespace that holds the workspace
         self._cleanup: weakref.finalize | None = None
         self._seed = 0
         self._steps = 0
@@ -147,9 +150,10 @@ class LocalGameEnv:
         if not isinstance(seed, int) or isinstance(seed, bool):
             raise TypeError(f"reset(seed) needs an int seed, got {seed!r}")
         self._remove_workspace()
-        self.workspace = Path(tempfile.mkdtemp(prefix=f"{self.game.name}_", dir=self.config.workspace_root))
-        mounted = workspace_cap.make_capped(self.workspace, self.config.workspace_mb)
-        self._cleanup = weakref.finalize(self, workspace_cap.remove, str(self.workspace), mounted)
+        created = Path(tempfile.mkdtemp(prefix=f"{self.game.name}_", dir=self.config.workspace_root))
+        capped = workspace_cap.make_capped(created, self.config.workspace_mb)
+        self._cleanup = weakref.finalize(self, workspace_cap.remove, capped)
+        self.workspace, self._enter = capped.access, capped.enter
         (self.workspace / STRATEGY_FILE).write_text(self.game.starter_source)
         starter = self.workspace / STARTER_FILE
         starter.write_text(self.game.starter_source)
@@ -228,7 +232,8 @@ class LocalGameEnv:
     # ----- helpers -----
     def _run_shell(self, command: str, info: dict[str, Any]) -> str:
         info["action_type"] = "shell"
-        result = run_command(command, self.workspace, self._command_sandbox)
+        sandbox = dataclasses.replace(self._command_sandbox, enter=self._enter)
+        result = run_command(command, self.workspace, sandbox)
         info["timed_out"] = result.timed_out
         info["exit_code"] = result.exit_code
         info["truncated"] = result.truncated
@@ -261,7 +266,7 @@ class LocalGameEnv:
         score, error, timed_out = run_session(
             argv,
             self.workspace,
-            self._eval_sandbox,
+            dataclasses.replace(self._eval_sandbox, enter=self._enter),
             talk,
             extra_ro=((_GAMES_SCRIPT, _RUNNER_IN_SANDBOX),),
             line_limit=self.config.simulations + 4096,

@@ -84,6 +84,9 @@ class SandboxConfig:
     cpu_time_s: int | None = None
     tmp_size_mb: int = 64
     confinement: str = "auto"  # auto | bwrap | unshare
+    # argv prefix run before the confinement tool: enters the namespace that holds the workspace's
+    # tmpfs where the host cannot mount one (``src.envs.workspace_ns``); empty: none
+    enter: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.timeout_s <= 0:
@@ -224,11 +227,11 @@ def _confined_argv(
             identity, config.limits(whole_tree_capped=group is not None), str(ws), argv
         )
         if backend == "bwrap":
-            yield backends.bwrap_argv(plan, identity, inner), group
+            yield [*config.enter, *backends.bwrap_argv(plan, identity, inner)], group
             return
         stage = tempfile.mkdtemp(prefix="sandbox-root-")
         try:
-            yield backends.unshare_argv(plan, identity, inner, stage), group
+            yield [*config.enter, *backends.unshare_argv(plan, identity, inner, stage)], group
         finally:
             os.rmdir(stage)  # the tmpfs on it lived only in the sandbox's mount namespace
 

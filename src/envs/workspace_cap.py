@@ -1,8 +1,10 @@
 """An episode's workspace with a cap on its total bytes.
 
 Where the host lets us mount (root), the workspace is a tmpfs of ``cap_mb``: writes beyond it fail
-with "No space left on device" inside the sandbox, however many files or processes write. Elsewhere
-the workspace is a plain directory whose usage is measured after every action. In both cases the
+with "No space left on device" inside the sandbox, however many files or processes write. Without
+root, an unprivileged user + mount namespace holds such a tmpfs for the episode and every action
+enters it (``src.envs.workspace_ns``). Where neither works, the workspace is a plain directory
+whose usage is measured after every action. In both cases the
 episode checks ``over_cap`` after each action and stops, scored as failed, once the cap is reached.
 """
 
@@ -13,7 +15,10 @@ import logging
 import os
 import shutil
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
+
+from src.envs.workspace_ns import NamespaceWorkspace, can_hold
 
 log = logging.getLogger(__name__)
 
@@ -49,16 +54,43 @@ def _unmount(path: Path) -> None:
     subprocess.run(["umount", "-l", str(path)], capture_output=True, check=False)
 
 
-def make_capped(path: Path, cap_mb: int) -> bool:
-    """Turn the empty directory ``path`` into a ``cap_mb`` tmpfs when possible; True if it is one."""
-    return can_mount() and _mount(path, cap_mb)
+@dataclass(frozen=True)
+class CappedWorkspace:
+    """An episode's workspace: ``created`` is the host directory; the trainer reaches it at
+    ``access``; commands that must see its tmpfs start with ``enter`` (``kind`` "namespace").
+    ``kind``: "tmpfs" (mounted here, root), "namespace" (held by an unprivileged namespace,
+    ``src.envs.workspace_ns``) or "measured" (a plain directory, usage measured per action)."""
+
+    created: Path
+    access: Path
+    kind: str
+    enter: tuple[str, ...] = ()
+    holder: NamespaceWorkspace | None = None
 
 
-def remove(path: str | os.PathLike, mounted: bool) -> None:
-    """Unmount (when it is a tmpfs) and delete a workspace."""
-    if mounted:
-        _unmount(Path(path))
-    shutil.rmtree(path, ignore_errors=True)
+def make_capped(path: Path, cap_mb: int) -> CappedWorkspace:
+    """The empty directory ``path`` as a ``cap_mb`` tmpfs: mounted here (root), else held by an
+    unprivileged user + mount namespace, else a plain directory measured after each action."""
+    if can_mount() and _mount(path, cap_mb):
+        return CappedWorkspace(path, path, "tmpfs")
+    # as root the sandbox switches to a uid of its own, which the holder's namespace does not map
+    if os.geteuid() != 0 and can_hold():
+        try:
+            held = NamespaceWorkspace(path, cap_mb)
+        except OSError as err:
+            log.warning("workspace %s: %s; its usage is measured after each action instead", path, err)
+        else:
+            return CappedWorkspace(path, held.host_path, "namespace", held.enter, held)
+    return CappedWorkspace(path, path, "measured")
+
+
+def remove(workspace: CappedWorkspace) -> None:
+    """Unmount its tmpfs or end its holder, and delete the workspace."""
+    if workspace.kind == "tmpfs":
+        _unmount(workspace.created)
+    if workspace.holder is not None:
+        workspace.holder.close()
+    shutil.rmtree(workspace.created, ignore_errors=True)
 
 
 def used_bytes(path: Path) -> int:

@@ -10,11 +10,14 @@ one, so no earlier run's rows are overwritten.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import lightning.pytorch as pl
 import yaml
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 
@@ -22,17 +25,20 @@ from src.callbacks.checkpointing import latest_checkpoint
 from src.callbacks.run_logs import (
     existing_run_artefacts,
     remove_interrupted_writes,
+    truncate_event_file,
     truncate_rollouts,
     truncate_tensorboard,
 )
 from src.callbacks.step_scalars import StepScalars
 
 __all__ = [
+    "CutLogsOnceRestored",
     "ResumePoint",
     "already_finished",
     "check_callback_states",
     "cut_logs_back",
     "intact_resume_point",
+    "logs_cut_once_restored",
     "prepare_run_dir",
     "read_resume_point",
 ]
@@ -133,16 +139,21 @@ def already_finished(point: ResumePoint | None, max_steps: int) -> bool:
     return done
 
 
-def cut_logs_back(run_dir: str | Path, point: ResumePoint) -> None:
+def cut_logs_back(run_dir: str | Path, point: ResumePoint, event_files: list[Path] | None = None) -> None:
     """Drop what the killed run logged from the resume point on (the resumed run writes it again).
 
-    Called only once the resume is accepted (callback states checked), so a refused resume or an
-    already finished run leaves every log as it was.
+    Called only once the resume is accepted (by :class:`CutLogsOnceRestored`: after Lightning
+    restored every state of the checkpoint), so a refused resume or an already finished run leaves
+    every log as it was. ``event_files``: only these TensorBoard files (those of the earlier runs;
+    None: every one in the run's ``tensorboard``).
     """
     if rank_zero_only.rank != 0:
         return
     run_dir = Path(run_dir)
-    events = truncate_tensorboard(run_dir / "tensorboard", point.logger_step)
+    if event_files is None:
+        events = truncate_tensorboard(run_dir / "tensorboard", point.logger_step)
+    else:
+        events = sum(truncate_event_file(f, point.logger_step) for f in event_files)
     rows = truncate_rollouts(run_dir / "rollouts", point.global_step)
     log.info(
         "resuming from %s at step %d: dropped %d TensorBoard events from step %d on and %d rollout "
@@ -170,3 +181,50 @@ def check_callback_states(point: ResumePoint, trainer) -> None:
             f"{point.checkpoint} holds the state of callbacks this run does not configure: {missing}; "
             "resume with the same overrides (see checkpoints/manifest.yaml: resume_command)"
         )
+
+
+class CutLogsOnceRestored(pl.Callback):
+    """Cuts the logs back to ``point`` (:func:`cut_logs_back`) at the start of the fit, i.e. after
+    Lightning restored the checkpoint's weights, callback and datamodule states, optimizers and
+    loops: a checkpoint that passed the start-up read but fails to load (a wrong shape, a callback
+    that refuses its state) leaves every log as it was. Only the event files of earlier runs are
+    cut (listed when built), never the one this run's logger opened meanwhile."""
+
+    def __init__(self, run_dir: str | Path, point: ResumePoint):
+        self.run_dir, self.point = Path(run_dir), point
+        self.event_files = sorted((self.run_dir / "tensorboard").glob("events.out.tfevents.*"))
+        self.accepted = False
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.accepted = True
+        cut_logs_back(self.run_dir, self.point, self.event_files)
+
+    def remove_new_event_files(self) -> None:
+        """The event files this refused attempt's logger opened (hyperparameters only)."""
+        if rank_zero_only.rank != 0:
+            return
+        for path in (self.run_dir / "tensorboard").glob("events.out.tfevents.*"):
+            if path not in self.event_files:
+                path.unlink()
+
+
+@contextlib.contextmanager
+def logs_cut_once_restored(trainer, run_dir: str | Path, point: ResumePoint | None) -> Iterator[None]:
+    """Run a fit (the ``with`` body) whose logs are cut back to ``point`` only once its checkpoint
+    is restored (:class:`CutLogsOnceRestored`, first callback, so before anyone logs). A checkpoint
+    that fails to load is named in the error; nothing was changed then."""
+    if point is None:
+        yield
+        return
+    guard = CutLogsOnceRestored(run_dir, point)
+    trainer.callbacks.insert(0, guard)
+    try:
+        yield
+    except Exception as err:
+        if point.checkpoint is None or guard.accepted:
+            raise
+        guard.remove_new_event_files()
+        raise RuntimeError(
+            f"resuming from {point.checkpoint} failed while loading it ({type(err).__name__}: "
+            f"{str(err)[:600]}); no log was cut, nothing was changed"
+        ) from err

@@ -5,7 +5,9 @@
 With ``sft.route_augment`` every row is shown under all three route-conditioned prompts with the
 target a route-following actor writes (``src.jobs.route_sft``), so the warm-started model does
 what the route says and the router's choice decides reward and cost. Progress (step, loss, ETA)
-is logged every ``sft.log_every`` steps by ``SFTProgressLog``.
+is logged every ``sft.log_every`` steps by ``SFTProgressLog``. SIGINT / SIGTERM save the fit's
+whole state beside the model it would write, and the same command resumes it
+(``src.jobs.sft_resume``): the result is the uninterrupted run's, bit for bit.
 """
 
 from __future__ import annotations
@@ -28,8 +30,12 @@ from torch.utils.data import DataLoader
 from src.callbacks.progress import StepLogProgress, StepProgressBar
 from src.callbacks.signal_latch import Preempted
 from src.callbacks.signal_stop import StopOnSignal
+from src.jobs.sft_resume import EndlessShuffle, interrupted_path, resumable_step
 
 log = logging.getLogger(__name__)
+
+# in the warm starts' cache key: an entry trained with another data order is not this one
+ORDER_VERSION = "endless-shuffle-v1"
 
 
 class SFTModule(pl.LightningModule):
@@ -66,6 +72,17 @@ class SFTModule(pl.LightningModule):
             opt, functools.partial(warmup_cosine, total=self.decay_steps)
         )
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # an interrupted SFT resumes with the RNG state it stopped with (dropout, if any)
+        from lightning.fabric.utilities.seed import _collect_rng_states
+
+        checkpoint["sft_rng_states"] = _collect_rng_states()
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        from lightning.fabric.utilities.seed import _set_rng_states
+
+        _set_rng_states(checkpoint["sft_rng_states"])
 
 
 def warmup_cosine(step: int, total: int) -> float:
@@ -133,20 +150,12 @@ def _save_atomically(model, tokenizer, out_dir: Path) -> None:
         tokenizer.save_pretrained(tmp)
 
 
-def train_on_examples(
-    cfg: DictConfig, model, tokenizer, examples: list[dict[str, list[int]]], out_dir: Path | None
-) -> tuple[dict[str, float], dict[str, Any]]:
-    """SFT ``model`` on ``{"input_ids", "labels"}`` examples with ``cfg.sft``; save to ``out_dir`` when given."""
+def _sft_trainer(cfg: DictConfig, save_to: Path | None) -> tuple[pl.Trainer, StopOnSignal]:
+    """The SFT trainer and its signal stop (which saves the resumable state to ``save_to``)."""
+    from src.callbacks.checkpointing import AtomicCheckpointIO
+
     s = cfg.sft
-    if not examples:
-        raise ValueError("SFT: no training examples (all longer than sft.max_length?)")
-    loader = DataLoader(
-        examples,
-        batch_size=s.batch_size,
-        shuffle=True,
-        collate_fn=_collate(tokenizer.pad_token_id),
-        generator=torch.Generator().manual_seed(cfg.seed),
-    )
+    stopper = StopOnSignal("SFT", save_to=save_to)
     trainer = pl.Trainer(
         max_steps=s.max_steps,
         max_epochs=-1,
@@ -159,26 +168,66 @@ def train_on_examples(
         log_every_n_steps=10,
         gradient_clip_val=1.0,
         default_root_dir=str(cfg.run_dir),
+        plugins=[AtomicCheckpointIO()],
         callbacks=[
             StepProgressBar(),
             StepLogProgress("SFT", "train/sft_loss", every=s.get("log_every", 25)),
-            stopper := StopOnSignal("SFT"),
+            stopper,
         ],
     )
+    return trainer, stopper
+
+
+def _resume_point(out_dir: Path | None, max_steps: int) -> tuple[Path | None, int]:
+    """(where an interruption saves, steps an earlier interrupted run of this fit already did)."""
+    if out_dir is None:
+        return None, 0
+    save_to = interrupted_path(out_dir)
+    done = resumable_step(save_to)
+    if done is not None:
+        log.info(
+            "resuming SFT from %s at step %d of %d (an earlier run was interrupted)", save_to, done, max_steps
+        )
+    return save_to, done or 0
+
+
+def train_on_examples(
+    cfg: DictConfig, model, tokenizer, examples: list[dict[str, list[int]]], out_dir: Path | None
+) -> tuple[dict[str, float], dict[str, Any]]:
+    """SFT ``model`` on ``{"input_ids", "labels"}`` examples with ``cfg.sft``; save to ``out_dir`` when
+    given. A signal saves the resumable state beside ``out_dir`` (``src.jobs.sft_resume``), which the
+    next call for the same ``out_dir`` continues from."""
+    s = cfg.sft
+    if not examples:
+        raise ValueError("SFT: no training examples (all longer than sft.max_length?)")
+    save_to, done = _resume_point(out_dir, int(s.max_steps))
+    loader = DataLoader(
+        examples,
+        batch_size=s.batch_size,
+        sampler=EndlessShuffle(len(examples), cfg.seed, start=done * int(s.batch_size)),
+        collate_fn=_collate(tokenizer.pad_token_id),
+        generator=torch.Generator().manual_seed(cfg.seed),  # not the global RNG the model may use
+    )
+    trainer, stopper = _sft_trainer(cfg, save_to)
     log.info("SFT: %d examples, %d steps of batch %d", len(examples), s.max_steps, s.batch_size)
     module = SFTModule(model, lr=s.lr, decay_steps=s.max_steps if s.get("lr_decay", False) else None)
-    trainer.fit(module, train_dataloaders=loader)
+    # weights_only=False: the file is this fit's own save, and holds numpy's RNG state
+    ckpt = str(save_to) if done else None
+    trainer.fit(module, train_dataloaders=loader, ckpt_path=ckpt, weights_only=False)
     if stopper.stopped_by is not None and trainer.global_step < s.max_steps:
         log.warning(
-            "SFT stopped by %s after step %d of %d: nothing saved%s; the next run trains it again",
+            "SFT stopped by %s after step %d of %d: %s",
             signal.Signals(stopper.stopped_by).name,
             trainer.global_step,
             s.max_steps,
-            f" (no half-trained model at {out_dir})" if out_dir is not None else "",
+            f"saved {save_to}; the same command resumes from it"
+            if stopper.saved_step is not None
+            else "nothing saved; the next run trains it again",
         )
         raise Preempted(stopper.stopped_by)
     if out_dir is not None:
         _save_atomically(model, tokenizer, out_dir)
+        save_to.unlink(missing_ok=True)
     metrics = {k: float(v) for k, v in trainer.logged_metrics.items()}
     return metrics, {"trainer": trainer, "module": module}
 
@@ -242,6 +291,7 @@ def ensure_sft_warm_start(cfg: DictConfig, base: Path) -> Path:
             "sft": OmegaConf.to_container(cfg.sft, resolve=True),
             "data": OmegaConf.to_container(cfg.data, resolve=True),
             "seed": cfg.seed,
+            "order": ORDER_VERSION,
         },
     )
     if _cached(out):
@@ -317,6 +367,7 @@ def ensure_episode_warm_start(cfg: DictConfig, base: Path) -> Path:
             "env": env_cfg,
             "templates": dataclasses.asdict(episode_templates(env_cfg)),
             "seed": cfg.seed,
+            "order": ORDER_VERSION,
             "agent": hashlib.sha1(agent_src.encode()).hexdigest(),
         },
     )

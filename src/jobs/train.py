@@ -19,7 +19,7 @@ from src.callbacks.step_scalars import StepScalarCarry
 from src.jobs.build import build_datamodule, build_module, build_trainer
 from src.jobs.callbacks import build_rl_callbacks
 from src.jobs.checks import validate_job
-from src.jobs.resume import already_finished, check_callback_states, cut_logs_back, prepare_run_dir
+from src.jobs.resume import already_finished, check_callback_states, logs_cut_once_restored, prepare_run_dir
 from src.jobs.warm_start import model_dir
 from src.models.loading import load_tokenizer
 
@@ -76,10 +76,9 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
     if ckpt is not None:
         check_callback_states(point, trainer)
         log.info("resuming from %s", ckpt)
-    if point is not None:
-        cut_logs_back(cfg.run_dir, point)
     try:
-        trainer.fit(module, datamodule=datamodule, ckpt_path=str(ckpt) if ckpt else None)
+        with logs_cut_once_restored(trainer, cfg.run_dir, point):  # cut once the checkpoint loaded
+            trainer.fit(module, datamodule=datamodule, ckpt_path=str(ckpt) if ckpt else None)
     except SIGTERMException as e:  # SIGTERM before our handler took over: Lightning exits with 0
         raise Preempted(15) from e
     stopper = next((cb for cb in trainer.callbacks if isinstance(cb, InterruptCheckpoint)), None)

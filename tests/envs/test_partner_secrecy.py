@@ -153,3 +153,90 @@ def test_interactive_scoring_equals_a_plain_loop(game):
 
     got = score_interactively(spec, recv, send, rounds, n_games, partner_streams(9, n_games))
     assert got == pytest.approx(expected, abs=1e-12)
+
+
+# Walks everything it can reach for the runner's state and the channel to the scorer: its call
+# stack, every object (gc), __main__, its own open files, and the parent's through /proc (opening
+# any pipe found there to forge a move line); records it all beside itself.
+REACH_RUNNER = """
+import gc, json, os, sys
+
+def _links(pid):
+    out = {}
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                out[f"/proc/{pid}/fd/{fd}"] = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                pass
+    except OSError:
+        pass
+    return out
+
+def _gc_files():
+    found = []
+    for obj in gc.get_objects():
+        fileno = getattr(obj, "fileno", None)
+        if callable(fileno) and not isinstance(obj, type):
+            try:
+                found.append(os.readlink(f"/proc/self/fd/{fileno()}"))
+            except Exception:
+                pass
+    return found
+
+def _stack():
+    names, frame = [], sys._getframe()
+    while frame is not None:
+        names.append(frame.f_code.co_name)
+        frame = frame.f_back
+    return names
+
+reach = {"self": _links("self"), "parent": _links(os.getppid()), "gc": _gc_files(), "stack": _stack()}
+reach["opened"] = []
+for path, link in reach["parent"].items():
+    if link.startswith("pipe:"):
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+            os.write(fd, b"1" * 300 + b"\\n")
+            reach["opened"].append(link)
+        except OSError:
+            pass
+here = os.path.dirname(os.path.abspath(sys.argv[sys.argv.index("--strategy") + 1]))
+with open(os.path.join(here, "reach.json"), "w") as f:
+    json.dump(reach, f)
+
+def row_strategy(history):
+    return 0
+"""
+
+
+def test_strategy_cannot_reach_the_runner_or_the_scorer_pipes(tmp_path, monkeypatch):
+    """The strategy runs in its own process: neither its objects, its stack, its files nor the
+    runner's /proc entries give it the pipes the scorer talks over, or a frame of the runner."""
+    import json
+    import os
+
+    from src.envs import local_game
+
+    scorer_pipes: set[str] = set()
+    real_run_session = local_game.run_session
+
+    def run_session(argv, workspace, config, talk, **kwargs):
+        def spying_talk(recv, send):
+            proc = dict(zip(send.__code__.co_freevars, (c.cell_contents for c in send.__closure__)))["proc"]
+            for pipe in (proc.stdin, proc.stdout):
+                scorer_pipes.add(f"pipe:[{os.fstat(pipe.fileno()).st_ino}]")
+            return talk(recv, send)
+
+        return real_run_session(argv, workspace, config, spying_talk, **kwargs)
+
+    monkeypatch.setattr(local_game, "run_session", run_session)
+    env = _env(tmp_path)
+    attack, _ = _submit(env, REACH_RUNNER)
+    reach = json.loads((env.workspace / "reach.json").read_text())
+    reached = {*reach["self"].values(), *reach["parent"].values(), *reach["gc"]}
+    assert len(scorer_pipes) == 2 and reached and not scorer_pipes & reached, (scorer_pipes, reach)
+    assert not reach["opened"] and "relay_to_scorer" not in reach["stack"], reach
+    env.reset(seed=7)
+    honest, _ = _submit(env, "def row_strategy(history):\n    return 0")
+    assert attack == honest

@@ -1,7 +1,8 @@
 """Exit codes a scheduler understands, in every phase, through the real entry point: SIGINT once or
 twice -> 130, SIGTERM -> 143, never 0 or 1. Phases: start-up (before any trainer), the SFT warm
 start of an RL job, ``experiment=sft``, and the RL fit (Ctrl-C twice). An interrupted SFT caches
-nothing (the next run trains it again). The signal is sent once the phase's own log line shows."""
+no half-trained model; one stop saves its resumable state beside it (tests/jobs/test_sft_resume.py
+resumes it). The signal is sent once the phase's own log line shows."""
 
 from __future__ import annotations
 
@@ -60,7 +61,7 @@ class _Job:
 
 
 def _warm_starts() -> set[str]:
-    return {p.name for p in (CACHE / "warm_start").glob("sft-*")}
+    return {p.name for p in (CACHE / "warm_start").glob("sft-*") if p.is_dir()}
 
 
 @pytest.mark.parametrize(
@@ -80,8 +81,11 @@ def test_sft_warm_start_phase(tmp_path, signums, code):
     rc = job.signal(*signums)
     assert rc == code, job.out[-4000:]
     assert _warm_starts() == cached  # nothing half-trained was cached
+    saved = [p for p in (CACHE / "warm_start").glob("sft-*.interrupted.ckpt") if str(p) in job.out]
     if len(signums) == 1:
-        assert "SFT stopped by" in job.out and "nothing saved" in job.out, job.out[-3000:]
+        assert "SFT stopped by" in job.out and len(saved) == 1, job.out[-3000:]
+    for p in saved:  # 5000 steps: not worth resuming
+        p.unlink()
 
 
 @pytest.mark.slow
@@ -94,6 +98,7 @@ def test_experiment_sft(tmp_path, signum, code):
     job.wait_for("SFT step", timeout=240)
     assert job.signal(signum) == code, job.out[-4000:]
     assert not (run_dir / "model").exists()
+    assert (run_dir / "model.interrupted.ckpt").is_file()
 
 
 @pytest.mark.slow

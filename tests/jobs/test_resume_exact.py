@@ -256,8 +256,8 @@ def test_sigkill_mid_curriculum_resumes_exactly(uninterrupted_curriculum, tmp_pa
     _kill_and_resume_curriculum(uninterrupted_curriculum, run_dir, "SIGKILL", "batch_end", -signal.SIGKILL)
     # the resume started from a moved curriculum: easy graduated, hard active, both measured
     start = _callback_state(
-        _checkpoint_callbacks(run_dir / "checkpoints" / "step_00000003.ckpt"), "Curriculum"
-    )
+        _checkpoint_callbacks(run_dir / "checkpoints" / "step_00000003.ckpt"), "RolloutCallback"
+    )["source"]
     assert start["status"] == {"easy": "graduated", "hard": "active"} and start["evaluated_at"] == 2
 
 
@@ -281,7 +281,8 @@ def _kill_and_resume_replay(uninterrupted_replay: Path, run_dir: Path, sig: str,
 def test_sigkill_with_a_full_replay_buffer_resumes_exactly(uninterrupted_replay, tmp_path):
     run_dir = tmp_path / "run"
     _kill_and_resume_replay(uninterrupted_replay, run_dir, "SIGKILL", "batch_end", -signal.SIGKILL)
-    start = _callback_state(_checkpoint_callbacks(run_dir / "checkpoints" / "step_00000002.ckpt"), "Replay")
+    states = _checkpoint_callbacks(run_dir / "checkpoints" / "step_00000002.ckpt")
+    start = _callback_state(states, "RolloutCallback")["buffer"]
     assert start["buffer"]["groups"]  # the resume started with groups in the buffer
 
 

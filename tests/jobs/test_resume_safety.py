@@ -36,6 +36,7 @@ def _run(run_dir: Path, *overrides: str, base=SMALL) -> subprocess.CompletedProc
     return subprocess.run(
         train_cmd(*base, f"run_dir={run_dir}", *overrides),
         cwd=REPO,
+        check=False,
         capture_output=True,
         text=True,
         timeout=900,
@@ -110,3 +111,43 @@ def test_no_intact_checkpoint_names_every_file(tmp_path):
         assert "last.ckpt" in str(err) and "step_00000002.ckpt" in str(err)
     else:
         raise AssertionError("no error for a run whose every checkpoint is unreadable")
+
+
+def _damaged(ckpt: Path, damage) -> None:
+    state = torch.load(ckpt, map_location="cpu", weights_only=False)
+    damage(state)
+    torch.save(state, ckpt)
+
+
+def _wrong_shape(state) -> None:
+    name = next(k for k, v in state["state_dict"].items() if v.ndim == 2)
+    state["state_dict"][name] = state["state_dict"][name][:, :1].clone()
+
+
+def _refused_callback_state(state) -> None:
+    state["callbacks"]["RouteConfusionLogger"] = {"not": "its state"}
+
+
+def test_checkpoint_that_fails_to_load_in_fit_cuts_nothing(tmp_path):
+    """It passes the start-up read (step counters, callback keys) but Lightning cannot restore it:
+    the error names the file, and no TensorBoard event or rollout was cut (nor a new file left)."""
+    run_dir = tmp_path / "run"
+    killed = _run(run_dir, *KILL_AT_3)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    ckpt = run_dir / "checkpoints" / "last.ckpt"
+    intact = ckpt.read_bytes()
+    # the killed run logged past its checkpoint: an accepted resume would cut TensorBoard back
+    from src.callbacks.run_logs import truncate_tensorboard
+    from src.jobs.resume import read_resume_point
+
+    shutil.copytree(run_dir / "tensorboard", tmp_path / "tb_copy")
+    assert truncate_tensorboard(tmp_path / "tb_copy", read_resume_point(ckpt).logger_step) > 0
+    for damage in (_wrong_shape, _refused_callback_state):
+        _damaged(ckpt, damage)
+        before = _snapshot(run_dir)
+        assert any(k.startswith("tensorboard/") for k in before)
+        resumed = _run(run_dir, "resume=true")
+        out = resumed.stdout + resumed.stderr
+        assert resumed.returncode != 0 and f"resuming from {ckpt} failed while loading it" in out, out[-3000:]
+        assert _snapshot(run_dir) == before, damage.__name__
+        ckpt.write_bytes(intact)
