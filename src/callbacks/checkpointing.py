@@ -122,13 +122,13 @@ class ManifestWriter:
         if not trainer.is_global_zero:
             return
         module = trainer.lightning_module
-        lam = getattr(module, "lagrange_lambda", None)
+        lam = module.lagrange_lambda  # ToolRouterModule's buffer (0-dim), present with the router off too
         manifest = {
             # relative to the run directory, so a copied or moved run resumes from its own files
             "latest_checkpoint": relative_to_run_dir(ckpt_path, self.path.parent.parent),
             "reason": reason,
             "global_step": int(trainer.global_step),
-            "lambda": float(lam) if lam is not None else None,
+            "lambda": float(lam),
             "written_at": datetime.now(timezone.utc).isoformat(),
             "git_commit": self.commit,
             "packages": package_versions(),
