@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import torch
 
 from src.rollout.engines.hf_decode import decode
-from src.rollout.engines.sharding import generate_kwargs_under_sharding
 from src.rollout.engines.hf_sampling import SampledLogProbs
 from src.rollout.engines.logprobs import sampling_log_probs
+from src.rollout.engines.sharding import generate_kwargs_under_sharding
 from src.rollout.engines.types import Completions, SamplingParams, left_pad, mask_after_stop
 
 log = logging.getLogger(__name__)
@@ -56,7 +56,9 @@ class HFEngineSettings:
             )
         if self.decode not in DECODERS:
             raise ValueError(f"rollout.engines.hf.decode={self.decode!r}; expected one of {DECODERS}")
-        if self.decode == "loop" and (self.compile or self.cache_implementation != "dynamic" or not self.share_prefill):
+        if self.decode == "loop" and (
+            self.compile or self.cache_implementation != "dynamic" or not self.share_prefill
+        ):
             raise ValueError(
                 "rollout.engines.hf.compile / cache_implementation / share_prefill apply to decode=generate "
                 "(decode=loop always prefills each prompt once into its own static cache)"
@@ -66,9 +68,13 @@ class HFEngineSettings:
                 f"rollout.engines.hf.logprobs_from={self.logprobs_from!r}; expected one of {LOGPROB_SOURCES}"
             )
         if self.compile and self.cache_implementation != "static":
-            raise ValueError("rollout.engines.hf.compile=true needs rollout.engines.hf.cache_implementation=static")
+            raise ValueError(
+                "rollout.engines.hf.compile=true needs rollout.engines.hf.cache_implementation=static"
+            )
         if self.micro_batch_size < 1 or self.pad_to_multiple_of < 1:
-            raise ValueError("rollout.micro_batch_size and rollout.engines.hf.pad_to_multiple_of must be >= 1")
+            raise ValueError(
+                "rollout.micro_batch_size and rollout.engines.hf.pad_to_multiple_of must be >= 1"
+            )
 
 
 def _positions(attention_mask: torch.Tensor) -> torch.Tensor:

@@ -78,7 +78,13 @@ class _Step:
 
 @torch.no_grad()
 def decode(
-    model, ids: torch.Tensor, attn: torch.Tensor, n: int, sampling: SamplingParams, stop: list[int], pad_id: int
+    model,
+    ids: torch.Tensor,
+    attn: torch.Tensor,
+    n: int,
+    sampling: SamplingParams,
+    stop: list[int],
+    pad_id: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample ``n`` continuations of each left-padded prompt.
 
@@ -94,8 +100,12 @@ def decode(
     rows = p * n
     cache = _static_cache(model, width + t_max)
     logits = model(
-        input_ids=ids, attention_mask=attn, position_ids=_positions(attn), past_key_values=cache,
-        use_cache=True, logits_to_keep=1,
+        input_ids=ids,
+        attention_mask=attn,
+        position_ids=_positions(attn),
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
     ).logits[:, -1]
     _repeat_cache(cache, n)
     logits = logits.repeat_interleave(n, 0)
@@ -125,7 +135,10 @@ def _loop(model, cache, logits, mask, position, step: _Step, pad_id: int, stop_c
             break
         mask[:, width + t - 1] = 1
         logits = model(
-            input_ids=tok[:, None], attention_mask=mask, position_ids=(position + (t - 1))[:, None],
-            past_key_values=cache, use_cache=True,
+            input_ids=tok[:, None],
+            attention_mask=mask,
+            position_ids=(position + (t - 1))[:, None],
+            past_key_values=cache,
+            use_cache=True,
         ).logits[:, -1]
     return tokens[:, :t], log_probs[:, :t]

@@ -21,7 +21,9 @@ def _prompts(tok):
 
 
 def _engine(model, tok, settings, eos=None):
-    return HFGenerateEngine(model, tok.pad_token_id, [tok.eos_token_id] if eos is None else eos, settings=settings)
+    return HFGenerateEngine(
+        model, tok.pad_token_id, [tok.eos_token_id] if eos is None else eos, settings=settings
+    )
 
 
 def test_draw_samples_the_given_distribution_and_never_a_zero_probability_token():
