@@ -44,10 +44,6 @@ class VLLMSettings:
     # KV cache size in GiB; None: sized from gpu_memory_utilization (on CPU, from the host's RAM)
     kv_cache_memory_gib: float | None = None
     enforce_eager: bool = False  # no graph capture / compilation: faster start-up, slower decoding
-    # vLLM's executor: None = vLLM's choice ("mp": a worker process that busy-polls its shared-memory
-    # queue for 1 s after each call, stealing a core from training on a small CPU machine); "uni":
-    # the worker in the engine-core process
-    distributed_executor_backend: str | None = None
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -77,8 +73,6 @@ def engine_kwargs(settings: VLLMSettings, dtype: str, enable_sleep_mode: bool) -
         logprobs_mode="processed_logprobs",
         worker_extension_cls=WORKER_EXTENSION,
     )
-    if settings.distributed_executor_backend is not None:
-        kw["distributed_executor_backend"] = settings.distributed_executor_backend
     if settings.kv_cache_memory_gib is not None:
         kw["kv_cache_memory_bytes"] = int(settings.kv_cache_memory_gib * 2**30)
     return kw
