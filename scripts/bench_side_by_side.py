@@ -107,7 +107,8 @@ def ours_command(args, s: dict, engine: str, run_dir: Path) -> list[str]:
         cmd += ["rollout=vllm", f"rollout.engines.vllm.kv_cache_memory_gib={args.vllm_kv_gib}",
                 "rollout.engines.vllm.max_model_len=1024"]  # fmt: skip
     else:
-        cmd += [f"rollout.engines.hf.decode={args.hf_decode}"]
+        # "hfgen": the HF engine with Hugging Face generate, beside the loop (an A/B under one load)
+        cmd += [f"rollout.engines.hf.decode={'generate' if engine == 'hfgen' else args.hf_decode}"]
     return cmd
 
 
@@ -135,7 +136,9 @@ def run_one(args, side: str, s: dict, round_no: int, n_params: int) -> dict:
     cmd = trl_command(args, s) if side == "trl" else ours_command(args, s, side.split("-")[1], logs / tag)
     env = {**os.environ, "PYTHONPATH": str(REPO), **(ALLOCATOR if args.allocator == "tuned" else {})}
     probe, load = matmul_gflops(), os.getloadavg()[0]
-    proc = subprocess.run(["/usr/bin/time", "-v", *cmd], env=env, cwd=REPO, capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        ["/usr/bin/time", "-v", *cmd], env=env, cwd=REPO, capture_output=True, text=True, check=False
+    )
     (logs / f"{tag}.log").write_text(proc.stdout + "\n---- stderr ----\n" + proc.stderr)
     out = last_json(proc.stdout)
     row = {"tag": tag, "side": side, **s, "round": round_no, "allocator": args.allocator, "rc": proc.returncode,
@@ -189,7 +192,9 @@ def parse_args(argv: list[str]):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--work", type=Path, required=True, help="holds m6/ and trunc512.parquet")
     ap.add_argument("--settings", default="P4G4T64,P4G8T64,P4G4T128,P4G4T256")
-    ap.add_argument("--engines", default="hf,vllm", help="ours: hf, vllm or both")
+    ap.add_argument(
+        "--engines", default="hf,vllm", help="ours: hf, vllm, hfgen (HF generate), comma-separated"
+    )
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--allocator", choices=["tuned", "default"], default="tuned")
