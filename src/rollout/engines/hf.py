@@ -14,10 +14,10 @@ from dataclasses import dataclass
 
 import torch
 
-from src.rollout.engines.hf_decode import decode
+from src.rollout.engines.hf_decode import DecodeStep, decode
 from src.rollout.engines.hf_sampling import SampledLogProbs
 from src.rollout.engines.logprobs import sampling_log_probs
-from src.rollout.engines.sharding import generate_kwargs_under_sharding
+from src.rollout.engines.sharding import generate_kwargs_under_sharding, sharding_of
 from src.rollout.engines.types import Completions, SamplingParams, left_pad, mask_after_stop
 
 log = logging.getLogger(__name__)
@@ -201,7 +201,9 @@ class HFGenerateEngine:
         greedy = sampling.temperature <= 0
         # greedy copies are identical: decode each prompt once and repeat it
         n = 1 if greedy else sampling.n
-        resp, logp = decode(self.model, ids, attn, n, sampling, stop, self.pad_token_id)
+        synced = sharding_of(self.model) is not None
+        step = DecodeStep(sampling, stop, self.pad_token_id, synced, device=ids.device)
+        resp, logp = decode(self.model, ids, attn, n, step)
         if greedy:
             resp, logp = resp.repeat_interleave(sampling.n, 0), logp.repeat_interleave(sampling.n, 0)
         mask = mask_after_stop(resp, stop)

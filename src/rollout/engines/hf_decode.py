@@ -56,11 +56,17 @@ def _repeat_cache(cache, n: int) -> None:
         layer.batch_size = layer.keys.shape[0]
 
 
-class _Step:
-    """Next-token distribution of one decode step: the model's logits -> log-probs to sample from."""
+class DecodeStep:
+    """One decode step's rules: the model's logits -> the log-probs to sample from, the pick, the
+    stop tokens and the padding after them.
 
-    def __init__(self, sampling: SamplingParams, stop: list[int], device):
-        self.sampling = sampling
+    ``synced``: the weights are sharded (FSDP2, ZeRO-3), every forward is a collective, so the "all
+    rows stopped" check is agreed across ranks (a rank that stopped alone would leave the others
+    waiting in their next forward).
+    """
+
+    def __init__(self, sampling: SamplingParams, stop: list[int], pad_id: int, synced: bool, device=None):
+        self.sampling, self.pad_id, self.synced = sampling, pad_id, synced
         self.stop = torch.tensor(stop, dtype=torch.long, device=device)
         self.greedy = sampling.temperature <= 0
 
@@ -75,6 +81,15 @@ class _Step:
     def pick(self, logp: torch.Tensor) -> torch.Tensor:
         return logp.argmax(-1) if self.greedy else draw(logp)
 
+    def all_stopped(self, done: torch.Tensor) -> bool:
+        """The loop's one host sync (every few steps)."""
+        running = (~done).any().to(torch.int32)
+        if self.synced:
+            import torch.distributed as dist
+
+            dist.all_reduce(running, op=dist.ReduceOp.MAX)
+        return not bool(running)
+
 
 @torch.no_grad()
 def decode(
@@ -82,9 +97,7 @@ def decode(
     ids: torch.Tensor,
     attn: torch.Tensor,
     n: int,
-    sampling: SamplingParams,
-    stop: list[int],
-    pad_id: int,
+    step: DecodeStep,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample ``n`` continuations of each left-padded prompt.
 
@@ -92,11 +105,11 @@ def decode(
         ids, attn: [P, L] left-padded prompts and their mask.
     Returns:
         (tokens [P*n, T'], log_probs [P*n, T']) prompt-major, T' <= max_new_tokens (the loop ends
-        once every row has stopped); after a row's stop token: ``pad_id`` and log-prob 0. Greedy
+        once every row has stopped); after a row's stop token: ``step.pad_id`` and log-prob 0. Greedy
         decoding records log-prob 0 (probability 1).
     """
     p, width = ids.shape
-    t_max = sampling.max_new_tokens
+    t_max = step.sampling.max_new_tokens
     rows = p * n
     cache = _static_cache(model, width + t_max)
     logits = model(
@@ -112,17 +125,20 @@ def decode(
     mask = torch.zeros((rows, width + t_max), dtype=attn.dtype, device=ids.device)
     mask[:, :width] = attn.repeat_interleave(n, 0)
     position = attn.sum(-1).repeat_interleave(n, 0)
-    return _loop(model, cache, logits, mask, position, _Step(sampling, stop, ids.device), pad_id)
+    return _loop(model, cache, logits, mask, position, step)
 
 
-def _loop(model, cache, logits, mask, position, step: _Step, pad_id: int, stop_check_every: int = 8):
+def _loop(model, cache, logits, mask, position, step: DecodeStep, stop_check_every: int = 8):
+    pad_id = step.pad_id
     rows, t_max = logits.shape[0], step.sampling.max_new_tokens
     width = mask.shape[1] - t_max
     tokens = torch.full((rows, t_max), pad_id, dtype=torch.long, device=logits.device)
     log_probs = torch.zeros((rows, t_max), dtype=torch.float32, device=logits.device)
     done = torch.zeros(rows, dtype=torch.bool, device=logits.device)
+    running = torch.zeros(t_max, dtype=torch.bool, device=logits.device)  # any row still running at step t
     t = 0
     while t < t_max:
+        running[t] = ~done.all()
         logp = step.log_probs(logits, t)
         tok = step.pick(logp)
         if not step.greedy:
@@ -131,7 +147,7 @@ def _loop(model, cache, logits, mask, position, step: _Step, pad_id: int, stop_c
         tokens[:, t] = tok
         done |= torch.isin(tok, step.stop)
         t += 1
-        if t == t_max or (t % stop_check_every == 0 and bool(done.all())):
+        if t == t_max or (t % stop_check_every == 0 and step.all_stopped(done)):
             break
         mask[:, width + t - 1] = 1
         logits = model(
@@ -141,4 +157,7 @@ def _loop(model, cache, logits, mask, position, step: _Step, pad_id: int, stop_c
             past_key_values=cache,
             use_cache=True,
         ).logits[:, -1]
+    # the steps some row of this rank still needed (fewer than t when the check came late, or when
+    # sharded ranks kept stepping for the others)
+    t = int(running.sum())
     return tokens[:, :t], log_probs[:, :t]
