@@ -50,6 +50,8 @@ class VLLMEngine:
         self.llm = self._vllm.LLM(
             model=str(model_path), **engine_kwargs(s, s.dtype or dtype, enable_sleep_mode=self.sleeps)
         )
+        if s.worker_idle_spin_s is not None:
+            self.llm.collective_rpc("set_idle_spin", args=(float(s.worker_idle_spin_s),))
         self._awake = {"weights", "kv_cache"}
         self.sleep()
 
