@@ -5,21 +5,93 @@ peak memory and MFU against the device's measured matmul rate.
 
 Prints one JSON line (append it to docs/benchmarks.md with date, device and commit). The first
 step is treated as warm-up and left out of the averages.
+
+Besides the logged ``timing/*`` scalars (generation + scoring + training), the script clocks the
+pipeline's own calls: ``wall_s_per_step`` spans a step from its rollout to the end of its weight
+sync (everything a step costs, the push to a vLLM engine included: the figure to compare with a
+peer's per-step wall time), ``weight_sync_s`` the push alone, ``engine_start_s`` the engine's
+start-up (built and first synced once per run, not per step) and ``startup_s`` the process start
+to the first step.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+T_SCRIPT0 = time.perf_counter()
+
+
+class PipelineClock:
+    """Wall-clock spans of the run, read off the rollout pipeline's own calls (wrapped while
+    ``watching``): the engine's start-up (``start``), each step from its ``rollout`` to the end of
+    the ``sync_weights`` after it, and each of those syncs."""
+
+    def __init__(self):
+        self.engine_start_s = float("nan")
+        self.first_step_at = float("nan")
+        self.step_starts: list[float] = []
+        self.steps_s: list[float] = []
+        self.syncs_s: list[float] = []
+        self._starting = False
+
+    @contextmanager
+    def watching(self, pipeline_cls):
+        names = ("start", "rollout", "sync_weights")
+        original = {name: getattr(pipeline_cls, name) for name in names}
+        clock = self
+
+        def start(pipeline, *a, **kw):
+            t0, clock._starting = time.perf_counter(), True
+            try:
+                return original["start"](pipeline, *a, **kw)
+            finally:
+                clock._starting, clock.engine_start_s = False, time.perf_counter() - t0
+
+        def rollout(pipeline, *a, **kw):
+            clock.step_starts.append(time.perf_counter())
+            if len(clock.step_starts) == 1:
+                clock.first_step_at = clock.step_starts[0] - T_SCRIPT0
+            return original["rollout"](pipeline, *a, **kw)
+
+        def sync_weights(pipeline, *a, **kw):
+            t0 = time.perf_counter()
+            out = original["sync_weights"](pipeline, *a, **kw)
+            if not clock._starting and clock.step_starts:
+                clock.syncs_s.append(time.perf_counter() - t0)
+                clock.steps_s.append(time.perf_counter() - clock.step_starts[-1])
+            return out
+
+        for name, fn in (("start", start), ("rollout", rollout), ("sync_weights", sync_weights)):
+            setattr(pipeline_cls, name, fn)
+        try:
+            yield self
+        finally:
+            for name, fn in original.items():
+                setattr(pipeline_cls, name, fn)
+
+    def summary(self) -> dict:
+        """Medians and means over the steps after the first (the warm-up), the start-up apart."""
+        steps, syncs = self.steps_s[1:] or self.steps_s, self.syncs_s[1:] or self.syncs_s
+        return {
+            "wall_s_per_step": statistics.median(steps) if steps else float("nan"),
+            "wall_s_per_step_all": [round(x, 4) for x in self.steps_s],
+            "weight_sync_s": statistics.mean(syncs) if syncs else float("nan"),
+            "engine_start_s": self.engine_start_s,
+            "startup_s": self.first_step_at,
+        }
 
 
 def step_model_flops(n_params: int, tokens: float, gen_tokens: float, cfg) -> float:
@@ -65,6 +137,7 @@ def split_run_dir(overrides: list[str]) -> tuple[str, list[str]]:
 def main(overrides: list[str]) -> dict:
     from src.config.compose import compose_job
     from src.jobs.train import train
+    from src.rollout.pipeline import RolloutPipeline
 
     repo = Path(__file__).resolve().parents[1]
     run_dir, overrides = split_run_dir(overrides)
@@ -76,8 +149,17 @@ def main(overrides: list[str]) -> dict:
     )
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    _, objects = train(cfg)
-    module = objects["module"]
+    with PipelineClock().watching(RolloutPipeline) as clock:
+        _, objects = train(cfg)
+    result = summarise(cfg, objects["module"], run_dir, device, clock.summary())
+    result["overrides"] = overrides
+    print(json.dumps(result))
+    return result
+
+
+def summarise(cfg, module, run_dir: str, device: str, clocked: dict) -> dict:
+    """The JSON line: the logged ``timing/*`` means, the clocked spans, rates and MFU."""
+    repo = Path(__file__).resolve().parents[1]
     from src.analysis import load_scalars
 
     series = load_scalars(run_dir)
@@ -95,12 +177,14 @@ def main(overrides: list[str]) -> dict:
     flops = step_model_flops(n_params, tokens, gen_tokens, cfg)
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     peak = matmul_tflops(dtype, device)
-    result = {
-        "overrides": overrides,
+    wall = clocked["wall_s_per_step"]
+    return {
         "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        "threads": torch.get_num_threads(),
         "params": n_params,
         "steps": cfg.trainer.max_steps,
         "s_per_step": step_s,
+        **clocked,
         "generation_s": avg("timing/generation_s"),
         "scoring_s": avg("timing/scoring_s"),
         "training_s": avg("timing/training_s"),
@@ -115,14 +199,14 @@ def main(overrides: list[str]) -> dict:
         )
         / 2**30,
         "matmul_tflops": peak,
-        "mfu": flops / step_s / (peak * 1e12) if step_s == step_s else float("nan"),
+        "mfu": flops / step_s / (peak * 1e12) if not math.isnan(step_s) else float("nan"),
+        "step_flops": flops,
+        "mfu_wall": flops / wall / (peak * 1e12) if not math.isnan(wall) else float("nan"),
         "commit": subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True, text=True
         ).stdout.strip(),
         "date": time.strftime("%Y-%m-%d"),
     }
-    print(json.dumps(result))
-    return result
 
 
 if __name__ == "__main__":

@@ -64,7 +64,7 @@ def test_settings_reject_bad_values_naming_the_key():
     with pytest.raises(ValueError, match="rollout.engines.hf.cache_implementation"):
         HFEngineSettings(cache_implementation="paged")
     with pytest.raises(ValueError, match="rollout.engines.hf.compile"):
-        HFEngineSettings(compile=True)
+        HFEngineSettings(decode="generate", compile=True)
     with pytest.raises(ValueError, match="rollout.engines.hf.logprobs_from"):
         HFEngineSettings(logprobs_from="nowhere")
 
@@ -87,9 +87,9 @@ def _teacher_forced(model, prompt, response):
     "settings",
     [
         HFEngineSettings(),  # recorded scores, shared prefill
-        HFEngineSettings(share_prefill=False, pad_to_multiple_of=8),
-        HFEngineSettings(share_prefill=False, logprobs_from="forward"),
-        HFEngineSettings(cache_implementation="static", pad_to_multiple_of=8),
+        HFEngineSettings(decode="generate", share_prefill=False, pad_to_multiple_of=8),
+        HFEngineSettings(decode="generate", share_prefill=False, logprobs_from="forward"),
+        HFEngineSettings(decode="generate", cache_implementation="static", pad_to_multiple_of=8),
     ],
     ids=["scores-shared", "scores-bucketed", "forward", "static"],
 )
@@ -131,9 +131,9 @@ def test_shared_prefill_and_static_cache_sample_the_plain_tokens(tiny, temperatu
     sampling = SamplingParams(n=3, temperature=temperature, max_new_tokens=10)
     outs = []
     for s in (
-        HFEngineSettings(share_prefill=False),
-        HFEngineSettings(share_prefill=True),
-        HFEngineSettings(cache_implementation="static", pad_to_multiple_of=16),
+        HFEngineSettings(decode="generate", share_prefill=False),
+        HFEngineSettings(decode="generate", share_prefill=True),
+        HFEngineSettings(decode="generate", cache_implementation="static", pad_to_multiple_of=16),
     ):
         torch.manual_seed(3)  # same draws: the three paths compute the same distributions
         outs.append(

@@ -47,6 +47,10 @@ def _fake_vllm(calls: list):
         def collective_rpc(self, method, args=()):
             from safetensors.torch import load
 
+            if method == "set_idle_spin":  # the worker's idle busy-poll, set once at start
+                calls.append(("set_idle_spin", args[0]))
+                return [1]
+
             assert isinstance(args[0], bytes)  # msgpack would turn tensors into lists
             calls.append(("collective_rpc", method, load(args[0])))
 
@@ -110,9 +114,11 @@ def test_colocated_engine_sleeps_wakes_pushes_and_resets_in_order(monkeypatch, t
     assert init["dtype"] == "float32"  # the trainer's
     assert init["worker_extension_cls"] == "src.rollout.engines.vllm_worker.WeightSyncExtension"
     # built asleep, then the trainer's current weights pushed (a resumed run's checkpoint)
-    assert [c[0] for c in calls[1:]] == ["sleep", "wake_up", "collective_rpc", "reset_prefix_cache"]
-    assert calls[2] == ("wake_up", ("weights",))
-    pushed = calls[3][2]
+    assert [c[0] for c in calls[1:]] == [
+        "set_idle_spin", "sleep", "wake_up", "collective_rpc", "reset_prefix_cache"
+    ]  # fmt: skip
+    assert calls[1] == ("set_idle_spin", 0.05) and calls[3] == ("wake_up", ("weights",))
+    pushed = calls[4][2]
     assert set(pushed) == set(model.state_dict()) and torch.equal(
         pushed["model.embed_tokens.weight"], model.state_dict()["model.embed_tokens.weight"]
     )

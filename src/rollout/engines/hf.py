@@ -14,14 +14,16 @@ from dataclasses import dataclass
 
 import torch
 
-from src.rollout.engines.sharding import generate_kwargs_under_sharding
+from src.rollout.engines.hf_decode import DecodeStep, decode
 from src.rollout.engines.hf_sampling import SampledLogProbs
 from src.rollout.engines.logprobs import sampling_log_probs
+from src.rollout.engines.sharding import generate_kwargs_under_sharding, sharding_of
 from src.rollout.engines.types import Completions, SamplingParams, left_pad, mask_after_stop
 
 log = logging.getLogger(__name__)
 
 CACHE_IMPLEMENTATIONS = ("dynamic", "static")
+DECODERS = ("loop", "generate")
 LOGPROB_SOURCES = ("scores", "forward")
 
 
@@ -30,6 +32,8 @@ class HFEngineSettings:
     """``rollout.*`` keys of the HF engine.
 
     micro_batch_size: prompts per ``generate`` call (each with its n samples).
+    decode: loop (our own decode loop around the forward: static cache, on-device sampling, one host
+        sync every few steps; ``hf_decode``) | generate (Hugging Face ``generate`` with the settings below).
     cache_implementation: dynamic | static (static: fixed-shape KV cache, reusable compiled graphs).
     compile: compile the decoding forward (static cache only; on CPU too).
     share_prefill: prefill each prompt once and expand its cache n times (dynamic cache only).
@@ -38,6 +42,7 @@ class HFEngineSettings:
     """
 
     micro_batch_size: int = 64
+    decode: str = "loop"
     cache_implementation: str = "dynamic"
     compile: bool = False
     share_prefill: bool = True
@@ -49,14 +54,27 @@ class HFEngineSettings:
             raise ValueError(
                 f"rollout.engines.hf.cache_implementation={self.cache_implementation!r}; expected one of {CACHE_IMPLEMENTATIONS}"
             )
+        if self.decode not in DECODERS:
+            raise ValueError(f"rollout.engines.hf.decode={self.decode!r}; expected one of {DECODERS}")
+        if self.decode == "loop" and (
+            self.compile or self.cache_implementation != "dynamic" or not self.share_prefill
+        ):
+            raise ValueError(
+                "rollout.engines.hf.compile / cache_implementation / share_prefill apply to decode=generate "
+                "(decode=loop always prefills each prompt once into its own static cache)"
+            )
         if self.logprobs_from not in LOGPROB_SOURCES:
             raise ValueError(
                 f"rollout.engines.hf.logprobs_from={self.logprobs_from!r}; expected one of {LOGPROB_SOURCES}"
             )
         if self.compile and self.cache_implementation != "static":
-            raise ValueError("rollout.engines.hf.compile=true needs rollout.engines.hf.cache_implementation=static")
+            raise ValueError(
+                "rollout.engines.hf.compile=true needs rollout.engines.hf.cache_implementation=static"
+            )
         if self.micro_batch_size < 1 or self.pad_to_multiple_of < 1:
-            raise ValueError("rollout.micro_batch_size and rollout.engines.hf.pad_to_multiple_of must be >= 1")
+            raise ValueError(
+                "rollout.micro_batch_size and rollout.engines.hf.pad_to_multiple_of must be >= 1"
+            )
 
 
 def _positions(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -148,6 +166,8 @@ class HFGenerateEngine:
     def _generate_chunk(self, prompts, sampling: SamplingParams, stop, device):
         s = self.settings
         ids, attn = left_pad(prompts, self.pad_token_id, device, multiple_of=s.pad_to_multiple_of)
+        if s.decode == "loop":
+            return self._loop_chunk(ids, attn, sampling, stop)
         greedy = sampling.temperature <= 0
         recorder = (
             SampledLogProbs(sampling.temperature, sampling.top_p)
@@ -176,6 +196,21 @@ class HFGenerateEngine:
         if recorder is not None:
             return resp, recorder.log_probs(resp, mask), mask
         return resp, self._forward_log_probs(seqs, attn.repeat_interleave(n, 0), resp, mask, sampling), mask
+
+    def _loop_chunk(self, ids, attn, sampling: SamplingParams, stop):
+        greedy = sampling.temperature <= 0
+        # greedy copies are identical: decode each prompt once and repeat it
+        n = 1 if greedy else sampling.n
+        synced = sharding_of(self.model) is not None
+        step = DecodeStep(sampling, stop, self.pad_token_id, synced, device=ids.device)
+        resp, logp = decode(self.model, ids, attn, n, step)
+        if greedy:
+            resp, logp = resp.repeat_interleave(sampling.n, 0), logp.repeat_interleave(sampling.n, 0)
+        mask = mask_after_stop(resp, stop)
+        if not greedy and self.settings.logprobs_from == "forward":
+            seqs = torch.cat([ids.repeat_interleave(n, 0), resp], dim=1)
+            logp = self._forward_log_probs(seqs, attn.repeat_interleave(n, 0), resp, mask, sampling)
+        return resp, logp * mask, mask
 
     def _generate_shared_prefill(self, ids, attn, n: int, kwargs: dict) -> torch.Tensor:
         """Prefill the P prompts (all but their last token) once, repeat the cache n times, and let

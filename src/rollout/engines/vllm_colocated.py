@@ -50,6 +50,13 @@ class VLLMEngine:
         self.llm = self._vllm.LLM(
             model=str(model_path), **engine_kwargs(s, s.dtype or dtype, enable_sleep_mode=self.sleeps)
         )
+        if s.worker_idle_spin_s is not None:
+            readers = self.llm.collective_rpc("set_idle_spin", args=(float(s.worker_idle_spin_s),))
+            log.info(
+                "vLLM workers busy-poll %s s after each call (queue readers: %s)",
+                s.worker_idle_spin_s,
+                readers,
+            )
         self._awake = {"weights", "kv_cache"}
         self.sleep()
 

@@ -44,6 +44,9 @@ class VLLMSettings:
     # KV cache size in GiB; None: sized from gpu_memory_utilization (on CPU, from the host's RAM)
     kv_cache_memory_gib: float | None = None
     enforce_eager: bool = False  # no graph capture / compilation: faster start-up, slower decoding
+    # colocated: seconds the worker busy-polls its queue after each call before sleeping; None = vLLM's
+    # 1 s (on a 2-core CPU machine that spin runs into every training phase)
+    worker_idle_spin_s: float | None = 0.05
 
     def __post_init__(self):
         if self.mode not in MODES:

@@ -11,6 +11,8 @@ again; the reload path restores the checkpoint layout, loads, and repacks.
 
 from __future__ import annotations
 
+import gc
+
 
 class WeightSyncExtension:
     def _reload(self, named_tensors: dict) -> int:
@@ -28,3 +30,17 @@ class WeightSyncExtension:
         from safetensors.torch import load_file
 
         return self._reload(load_file(path))
+
+    def set_idle_spin(self, seconds: float) -> int:
+        """How long this worker busy-polls its shared-memory queue after each message before it sleeps
+        on a socket (vLLM: 1 s). On a small CPU machine that spin takes a core from the trainer for
+        the first second of every training phase; a short one keeps decoding hot (its messages come
+        milliseconds apart) and idles soon after. -> number of queue readers changed."""
+        readers = [
+            o
+            for o in gc.get_objects()
+            if type(o).__name__ == "SpinCondition" and getattr(o, "is_reader", False)
+        ]
+        for reader in readers:
+            reader.busy_loop_s = seconds
+        return len(readers)

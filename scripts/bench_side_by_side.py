@@ -1,0 +1,232 @@
+"""Side by side with TRL's ``GRPOTrainer`` on CPU (issue 21): alternating runs, one process at a time.
+
+    python scripts/bench_side_by_side.py --work $W --settings P4G4T64,P4G8T64,P4G4T128,P4G4T256 \\
+        --engines hf,vllm --rounds 3
+
+``$W`` holds the 6.3 M model (``$W/m6``) and the cut prompts (``$W/trunc512.parquet``) of
+``../shared/bench/README.md``. Each round runs, per setting, TRL's peer, then ours with each engine,
+each under ``/usr/bin/time -v`` with the same glibc allocator setting on every side (``--allocator
+tuned``: ``MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=64GiB``; ``default`` leaves glibc alone). TRL
+uses torch's default threads (both cores); ours runs with ``trainer.threads=null`` (the same). Before
+each run: the 1-minute load average and a 2048x2048 fp32 matmul probe (both threads).
+
+Writes one JSON line per run to ``--out`` (default ``$W/side_by_side.jsonl``; appended, so rounds of
+several invocations pool) and prints a summary table over all lines of that file matching the
+settings: s/step median (first step left out) per side, ours over TRL, generation s, start-up apart,
+the weight push per step, and the step's share of the probe by the FLOPs it needs (2N per generated
+token, 6N per trained token, a prompt once per group of G). Runs with more than
+``--max-involuntary-cs`` involuntary context switches shared the cores with other work: flagged and
+left out of the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PEER = REPO.parent / "shared" / "bench" / "peers" / "trl_grpo.py"
+ALLOCATOR = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "68719476736"}
+TIME_FIELDS = {
+    "Involuntary context switches": "involuntary_cs",
+    "Voluntary context switches": "voluntary_cs",
+    "Minor (reclaiming a frame) page faults": "minor_faults",
+    "Maximum resident set size (kbytes)": "max_rss_kib",
+}
+
+
+def parse_setting(text: str) -> dict:
+    """``P4G8T64`` -> {"P": 4, "G": 8, "T": 64}."""
+    m = re.fullmatch(r"P(\d+)G(\d+)T(\d+)", text.strip())
+    if not m:
+        raise ValueError(f"--settings: {text!r} is not of the form P<prompts>G<group>T<new tokens>")
+    return {"P": int(m[1]), "G": int(m[2]), "T": int(m[3])}
+
+
+def needed_flops(n_params: int, s: dict, prompt_tokens: float) -> float:
+    """FLOPs one step needs: 2N per generated token, 6N per trained token, a prompt once per group."""
+    generated = s["P"] * s["G"] * s["T"]
+    return 2 * n_params * generated + 6 * n_params * (s["P"] * prompt_tokens + generated)
+
+
+def matmul_gflops(n: int = 2048, reps: int = 5) -> float:
+    import torch
+
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    return 2 * n**3 * reps / (time.perf_counter() - t0) / 1e9
+
+
+def model_params(model_dir: Path) -> int:
+    from safetensors import safe_open
+
+    total = 0
+    for f in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(str(f), "pt") as st:
+            for k in st.keys():  # noqa: SIM118 (safe_open is not a dict)
+                total += _numel(st.get_slice(k).get_shape())
+    return total
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+def trl_command(args, s: dict) -> list[str]:
+    return [
+        args.trl_python, str(PEER), str(args.work / "m6"), str(args.work / "trunc512.parquet"),
+        "--steps", str(args.steps), "--prompts-per-step", str(s["P"]), "--group", str(s["G"]),
+        "--max-new-tokens", str(s["T"]), "--max-prompt-tokens", "512", "--device", "cpu",
+        "--dtype", "float32",
+    ]  # fmt: skip
+
+
+def ours_command(args, s: dict, engine: str, run_dir: Path) -> list[str]:
+    python = args.vllm_python if engine == "vllm" else args.python
+    cmd = [
+        python, str(REPO / "scripts" / "benchmark.py"), "experiment=grpo", f"model.path={args.work / 'm6'}",
+        "model.warm_start=null", "data=rlla", f"data.train_files=[{args.work / 'trunc512.parquet'}]",
+        "data.max_prompt_length=512", f"sampling.n_prompts={s['P']}", f"sampling.n_generations_per_prompt={s['G']}",
+        f"sampling.max_new_tokens={s['T']}", f"sampling.min_new_tokens={s['T']}", "algorithm.use_kl_loss=false",
+        f"trainer.max_steps={args.steps}", "trainer.save_freq=100000", "trainer.threads=null", f"run_dir={run_dir}",
+    ]  # fmt: skip
+    if engine == "vllm":
+        cmd += ["rollout=vllm", f"rollout.engines.vllm.kv_cache_memory_gib={args.vllm_kv_gib}",
+                "rollout.engines.vllm.max_model_len=1024"]  # fmt: skip
+    else:
+        # "hfgen": the HF engine with Hugging Face generate, beside the loop (an A/B under one load)
+        cmd += [f"rollout.engines.hf.decode={'generate' if engine == 'hfgen' else args.hf_decode}"]
+    return cmd
+
+
+def time_v(stderr: str) -> dict:
+    """The ``/usr/bin/time -v`` fields we keep, from the end of a run's stderr."""
+    out = {}
+    for line in stderr.splitlines()[-40:]:
+        key, _, value = line.strip().rpartition(": ")
+        if key in TIME_FIELDS:
+            out[TIME_FIELDS[key]] = int(value)
+    return out
+
+
+def last_json(stdout: str) -> dict:
+    for line in reversed(stdout.splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)
+    return {}
+
+
+def run_one(args, side: str, s: dict, round_no: int, n_params: int) -> dict:
+    tag = f"r{round_no}_{side}_P{s['P']}G{s['G']}T{s['T']}_{int(time.time())}"
+    logs = args.work / "side_by_side_logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    cmd = trl_command(args, s) if side == "trl" else ours_command(args, s, side.split("-")[1], logs / tag)
+    env = {**os.environ, "PYTHONPATH": str(REPO), **(ALLOCATOR if args.allocator == "tuned" else {})}
+    probe, load = matmul_gflops(), os.getloadavg()[0]
+    proc = subprocess.run(
+        ["/usr/bin/time", "-v", *cmd], env=env, cwd=REPO, capture_output=True, text=True, check=False
+    )
+    (logs / f"{tag}.log").write_text(proc.stdout + "\n---- stderr ----\n" + proc.stderr)
+    out = last_json(proc.stdout)
+    row = {"tag": tag, "side": side, **s, "round": round_no, "allocator": args.allocator, "rc": proc.returncode,
+           "load1_before": load, "load1_after": os.getloadavg()[0], "matmul_gflops_before": probe,
+           "date": time.strftime("%Y-%m-%d %H:%M"), **time_v(proc.stderr)}  # fmt: skip
+    if side == "trl" and out:
+        prompt = statistics.mean(out["prompt_tokens_mean_per_step"])
+        row.update(s_per_step=out["sec_per_step_median"], generation_s=out["gen_sec_per_step_median"],
+                   startup_s=out["script_wall_sec"] - out["train_wall_sec"], weight_sync_s=0.0,
+                   steps_all=out["sec_per_step_all"], gen_exact=out["gen_tokens_exact"])  # fmt: skip
+    elif out:
+        prompt = out["tokens_per_s"] * out["s_per_step"] / (s["P"] * s["G"]) - s["T"]
+        row.update(s_per_step=out["wall_s_per_step"], generation_s=out["generation_s"],
+                   startup_s=out["startup_s"], engine_start_s=out["engine_start_s"],
+                   weight_sync_s=out["weight_sync_s"], training_s=out["training_s"],
+                   steps_all=out["wall_s_per_step_all"], commit=out["commit"])  # fmt: skip
+    if out:
+        row["prompt_tokens_mean"] = prompt
+        row["flop_share"] = needed_flops(n_params, s, prompt) / row["s_per_step"] / (probe * 1e9)
+    return row
+
+
+def summary(rows: list[dict], settings: list[dict], max_cs: int) -> str:
+    """A markdown table: per setting and side, medians over the clean runs."""
+    head = ("| setting | side | runs | s/step (each run) | ours / TRL rate | generation s | start-up s "
+            "| push s | FLOP share of probe | invol. cs |")  # fmt: skip
+    lines = [head, "|---" * 10 + "|"]
+    for s in settings:
+        sel = [r for r in rows if all(r.get(k) == s[k] for k in "PGT") and "s_per_step" in r]
+        clean = [r for r in sel if r.get("involuntary_cs", 0) <= max_cs and r["rc"] == 0]
+        trl = [r["s_per_step"] for r in clean if r["side"] == "trl"]
+        for side in sorted({r["side"] for r in clean}, key=lambda x: x != "trl"):
+            rs = [r for r in clean if r["side"] == side]
+            med = statistics.median(r["s_per_step"] for r in rs)
+            ratio = f"{statistics.median(trl) / med:.2f}×" if trl and side != "trl" else ""
+            lines.append(
+                f"| P{s['P']} G{s['G']} T{s['T']} | {side} | {len(rs)} | {med:.2f} ("
+                + " / ".join(f"{r['s_per_step']:.2f}" for r in rs)
+                + f") | {ratio} | "
+                f"{statistics.median(r['generation_s'] for r in rs):.2f} | "
+                f"{statistics.median(r['startup_s'] for r in rs):.1f} | "
+                f"{statistics.median(r['weight_sync_s'] for r in rs):.3f} | "
+                f"{statistics.median(r['flop_share'] for r in rs):.2f} | "
+                + " / ".join(str(r.get("involuntary_cs", "?")) for r in rs)
+                + " |"
+            )
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str]):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--work", type=Path, required=True, help="holds m6/ and trunc512.parquet")
+    ap.add_argument("--settings", default="P4G4T64,P4G8T64,P4G4T128,P4G4T256")
+    ap.add_argument(
+        "--engines", default="hf,vllm", help="ours: hf, vllm, hfgen (HF generate), comma-separated"
+    )
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--allocator", choices=["tuned", "default"], default="tuned")
+    ap.add_argument("--trl-python", default="/work/venv-trl/bin/python")
+    ap.add_argument("--vllm-python", default=str(REPO / ".venv-vllm" / "bin" / "python"))
+    ap.add_argument("--python", default=sys.executable, help="ours with the HF engine")
+    ap.add_argument("--hf-decode", default="loop", choices=["loop", "generate"])
+    ap.add_argument("--vllm-kv-gib", type=float, default=1.0)
+    ap.add_argument("--no-trl", action="store_true", help="ours only (e.g. engine A/B under one load)")
+    ap.add_argument("--max-involuntary-cs", type=int, default=20000)
+    ap.add_argument("--out", type=Path, default=None)
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str]) -> None:
+    args = parse_args(argv)
+    args.work = args.work.resolve()
+    out = args.out or args.work / "side_by_side.jsonl"
+    settings = [parse_setting(x) for x in args.settings.split(",")]
+    sides = ([] if args.no_trl else ["trl"]) + [f"ours-{e.strip()}" for e in args.engines.split(",")]
+    n_params = model_params(args.work / "m6")
+    for round_no in range(1, args.rounds + 1):
+        for s in settings:
+            for side in sides:
+                row = run_one(args, side, s, round_no, n_params)
+                with out.open("a") as f:
+                    f.write(json.dumps(row) + "\n")
+                print(json.dumps(row), flush=True)
+    rows = [json.loads(x) for x in out.read_text().splitlines() if x.strip()]
+    rows = [r for r in rows if r.get("allocator") == args.allocator]
+    print(summary(rows, settings, args.max_involuntary_cs))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

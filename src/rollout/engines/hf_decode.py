@@ -1,0 +1,163 @@
+"""A lean decode loop around the model's own forward (``rollout.engines.hf.decode: loop``).
+
+On small models and on CPU, ``generate`` is bound by its per-step machinery, not by the model: a
+dynamic KV cache that grows by concatenation (every step copies the whole cache), the logits
+processors and stopping criteria, ``torch.multinomial`` over the vocabulary, and a host sync per
+step. This loop keeps the model's forward and replaces the rest:
+
+- each prompt is prefilled once into a pre-allocated (static) cache that is then repeated to its n
+  samples; decoding writes one slot per step in place;
+- the sampling distribution (temperature, top-p, stop tokens suppressed before ``min_new_tokens``)
+  is built once per step on the whole [N, V] batch, its log-prob of the drawn token kept as drawn;
+- drawing is by inverse CDF (one uniform per row against the cumulative probabilities): the same
+  distribution as ``multinomial``, far less work than it on CPU;
+- the only host sync is the "all rows stopped?" check, every ``stop_check_every`` steps.
+
+Nothing per step scales with the group size in Python; rows that stopped keep decoding padding
+until the check (their outputs are masked, as ``generate`` masks its own).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from src.rollout.engines.logprobs import warped_log_probs
+from src.rollout.engines.types import SamplingParams
+
+
+def _positions(attention_mask: torch.Tensor) -> torch.Tensor:
+    return (attention_mask.cumsum(-1) - 1).clamp(min=0)
+
+
+def draw(log_probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """[N, V] log-probs (-inf allowed) -> [N] one token per row drawn from exp(log_probs).
+
+    Inverse CDF: the first token whose cumulative probability exceeds u * total (u uniform in
+    [0, 1)); tokens of probability 0 are never drawn (their cumulative value equals the one before).
+    """
+    cdf = log_probs.exp().cumsum(-1)
+    u = torch.rand((cdf.shape[0], 1), device=cdf.device, generator=generator) * cdf[:, -1:]
+    return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=cdf.shape[-1] - 1)
+
+
+def _static_cache(model, max_len: int):
+    from transformers import StaticCache
+
+    return StaticCache(config=model.config, max_cache_len=max_len)
+
+
+def _repeat_cache(cache, n: int) -> None:
+    """Repeat each prompt's cached keys / values to its n sample rows (prompt-major)."""
+    if n == 1:
+        return
+    for layer in cache.layers:
+        layer.keys = layer.keys.repeat_interleave(n, 0)
+        layer.values = layer.values.repeat_interleave(n, 0)
+        layer.batch_size = layer.keys.shape[0]
+
+
+class DecodeStep:
+    """One decode step's rules: the model's logits -> the log-probs to sample from, the pick, the
+    stop tokens and the padding after them.
+
+    ``synced``: the weights are sharded (FSDP2, ZeRO-3), every forward is a collective, so the "all
+    rows stopped" check is agreed across ranks (a rank that stopped alone would leave the others
+    waiting in their next forward).
+    """
+
+    def __init__(self, sampling: SamplingParams, stop: list[int], pad_id: int, synced: bool, device=None):
+        self.sampling, self.pad_id, self.synced = sampling, pad_id, synced
+        self.stop = torch.tensor(stop, dtype=torch.long, device=device)
+        self.greedy = sampling.temperature <= 0
+
+    def log_probs(self, logits: torch.Tensor, t: int) -> torch.Tensor:
+        logits = logits.float()
+        if t < self.sampling.min_new_tokens and self.stop.numel():
+            logits = logits.index_fill(-1, self.stop, float("-inf"))
+        if self.greedy:
+            return logits
+        return warped_log_probs(logits, self.sampling.temperature, self.sampling.top_p)
+
+    def pick(self, logp: torch.Tensor) -> torch.Tensor:
+        return logp.argmax(-1) if self.greedy else draw(logp)
+
+    def all_stopped(self, done: torch.Tensor) -> bool:
+        """The loop's one host sync (every few steps)."""
+        running = (~done).any().to(torch.int32)
+        if self.synced:
+            import torch.distributed as dist
+
+            dist.all_reduce(running, op=dist.ReduceOp.MAX)
+        return not bool(running)
+
+
+@torch.no_grad()
+def decode(
+    model,
+    ids: torch.Tensor,
+    attn: torch.Tensor,
+    n: int,
+    step: DecodeStep,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample ``n`` continuations of each left-padded prompt.
+
+    Args:
+        ids, attn: [P, L] left-padded prompts and their mask.
+    Returns:
+        (tokens [P*n, T'], log_probs [P*n, T']) prompt-major, T' <= max_new_tokens (the loop ends
+        once every row has stopped); after a row's stop token: ``step.pad_id`` and log-prob 0. Greedy
+        decoding records log-prob 0 (probability 1).
+    """
+    p, width = ids.shape
+    t_max = step.sampling.max_new_tokens
+    rows = p * n
+    cache = _static_cache(model, width + t_max)
+    logits = model(
+        input_ids=ids,
+        attention_mask=attn,
+        position_ids=_positions(attn),
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    ).logits[:, -1]
+    _repeat_cache(cache, n)
+    logits = logits.repeat_interleave(n, 0)
+    mask = torch.zeros((rows, width + t_max), dtype=attn.dtype, device=ids.device)
+    mask[:, :width] = attn.repeat_interleave(n, 0)
+    position = attn.sum(-1).repeat_interleave(n, 0)
+    return _loop(model, cache, logits, mask, position, step)
+
+
+def _loop(model, cache, logits, mask, position, step: DecodeStep, stop_check_every: int = 8):
+    pad_id = step.pad_id
+    rows, t_max = logits.shape[0], step.sampling.max_new_tokens
+    width = mask.shape[1] - t_max
+    tokens = torch.full((rows, t_max), pad_id, dtype=torch.long, device=logits.device)
+    log_probs = torch.zeros((rows, t_max), dtype=torch.float32, device=logits.device)
+    done = torch.zeros(rows, dtype=torch.bool, device=logits.device)
+    running = torch.zeros(t_max, dtype=torch.bool, device=logits.device)  # any row still running at step t
+    t = 0
+    while t < t_max:
+        running[t] = ~done.all()
+        logp = step.log_probs(logits, t)
+        tok = step.pick(logp)
+        if not step.greedy:
+            log_probs[:, t] = logp.gather(-1, tok[:, None]).squeeze(-1).masked_fill_(done, 0.0)
+        tok = tok.masked_fill_(done, pad_id)
+        tokens[:, t] = tok
+        done |= torch.isin(tok, step.stop)
+        t += 1
+        if t == t_max or (t % stop_check_every == 0 and step.all_stopped(done)):
+            break
+        mask[:, width + t - 1] = 1
+        logits = model(
+            input_ids=tok[:, None],
+            attention_mask=mask,
+            position_ids=(position + (t - 1))[:, None],
+            past_key_values=cache,
+            use_cache=True,
+        ).logits[:, -1]
+    # the steps some row of this rank still needed (fewer than t when the check came late, or when
+    # sharded ranks kept stepping for the others)
+    t = int(running.sum())
+    return tokens[:, :t], log_probs[:, :t]
