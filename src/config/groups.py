@@ -7,6 +7,7 @@ declare, or a value of the wrong type, fails when the config is composed, naming
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
+from src.config.dynamic_sampling import DynamicSamplingConfig
 from src.config.schema import AlgorithmConfig, OptimConfig, RouterHeadConfig
 
 
@@ -53,6 +54,7 @@ class AlgorithmGroupConfig(AlgorithmConfig):
     """The ``algorithm`` group: the loss settings, their optimizer, and the RLVCR augmenter's keys."""
 
     optim: OptimConfig = field(default_factory=OptimConfig)
+    dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
     rlvcr_qualify: str = "threshold"
     rlvcr_qualify_threshold: float = 0.0
     rlvcr_format_penalty: float = 0.0
