@@ -27,18 +27,20 @@ def refill_seed(seed: int, step: int, k: int) -> int:
 def refill_records(
     dataset: Dataset, seed: int, draw: tuple[int, int, int], exclude: Collection[Any], rank_world=(0, 1)
 ) -> list[dict[str, Any]]:
-    """Up to ``n`` records of ``dataset``, ``draw = (step, k, n)``, in the seeded order, none of
-    whose uid is in ``exclude`` (fewer when the dataset runs out)."""
+    """Up to ``n`` records of ``dataset``, ``draw = (step, k, n)``, in the seeded order, no two
+    with one uid and none whose uid is in ``exclude`` (fewer when the dataset runs out)."""
     step, k, n = draw
     rank, world = rank_world
     g = torch.Generator().manual_seed(refill_seed(seed, step, k))
     out: list[dict[str, Any]] = []
+    taken: set[Any] = set()  # a dataset may repeat a uid (the datamodule warns): one row of each
     for i in torch.randperm(len(dataset), generator=g).tolist()[rank::world]:
         if len(out) == n:
             break
         record = dataset[i]
-        if record["uid"] not in exclude:
+        if record["uid"] not in exclude and record["uid"] not in taken:
             out.append(record)
+            taken.add(record["uid"])
     return out
 
 
