@@ -15,6 +15,7 @@ from omegaconf import DictConfig
 from src.config.checks import one_of, positive
 
 ON_CHOICES = ("actor", "router", "either")
+SHARDED = ("fsdp", "deepspeed_stage_3")
 
 
 @dataclass
@@ -43,4 +44,9 @@ def dynamic_sampling_problems(cfg: DictConfig) -> list[str]:
             f"{key}.enable: single-turn, on-policy jobs from the data group's prompts only "
             "(env off, curriculum off, replay.capacity 0, rollout.workers 0)"
         )
+    world = int(cfg.trainer.devices) * int(cfg.trainer.num_nodes)
+    if world > 1 and cfg.trainer.strategy in SHARDED:
+        # each rank refills on its own: a generate that gathers sharded weights would wait on ranks
+        # that collect fewer refills
+        problems.append(f"{key}.enable: not with a sharded trainer.strategy ({cfg.trainer.strategy}) on {world} ranks")
     return problems

@@ -26,6 +26,7 @@ def test_off_by_default_and_a_plain_enable_is_valid():
         (["algorithm.dynamic_sampling.eps=0"], "algorithm.dynamic_sampling.eps"),
         (["sampling.n_generations_per_prompt=1"], "algorithm.dynamic_sampling.enable"),
         (["replay.capacity=8"], "algorithm.dynamic_sampling.enable"),
+        (["trainer.strategy=fsdp", "trainer.devices=2"], "algorithm.dynamic_sampling.enable"),
     ],
 )
 def test_bad_setting_is_named(overrides, key):
