@@ -38,7 +38,9 @@ def dynamic_sampling_problems(cfg: DictConfig) -> list[str]:
     if d.on == "router" and not cfg.router.enable:
         problems.append(f"{key}.on: 'router' needs router.enable (router=on)")
     if cfg.sampling.n_generations_per_prompt < 2:
-        problems.append(f"{key}.enable: groups of one rollout never vary (sampling.n_generations_per_prompt < 2)")
+        problems.append(
+            f"{key}.enable: groups of one rollout never vary (sampling.n_generations_per_prompt < 2)"
+        )
     if cfg.env.enable or cfg.curriculum.enable or cfg.replay.capacity > 0 or cfg.rollout.workers > 0:
         problems.append(
             f"{key}.enable: single-turn, on-policy jobs from the data group's prompts only "
@@ -48,5 +50,7 @@ def dynamic_sampling_problems(cfg: DictConfig) -> list[str]:
     if world > 1 and cfg.trainer.strategy in SHARDED:
         # each rank refills on its own: a generate that gathers sharded weights would wait on ranks
         # that collect fewer refills
-        problems.append(f"{key}.enable: not with a sharded trainer.strategy ({cfg.trainer.strategy}) on {world} ranks")
+        problems.append(
+            f"{key}.enable: not with a sharded trainer.strategy ({cfg.trainer.strategy}) on {world} ranks"
+        )
     return problems

@@ -56,5 +56,9 @@ class RefillDraw:
     def __call__(self, step: int, k: int, n: int, exclude: Collection[Any]) -> list[dict[str, Any]]:
         dataset = self.datamodule.train_dataset
         if dataset is None:
-            raise RuntimeError("dynamic sampling's refill: the datamodule has no train_dataset (setup not run)")
-        return refill_records(dataset, self.seed, (step, k, n), exclude, rank_and_world(self.datamodule.trainer))
+            raise RuntimeError(
+                "dynamic sampling's refill: the datamodule has no train_dataset (setup not run)"
+            )
+        return refill_records(
+            dataset, self.seed, (step, k, n), exclude, rank_and_world(self.datamodule.trainer)
+        )

@@ -39,8 +39,12 @@ def concat_router(parts: Sequence[RouterRollout], pad_id: int) -> RouterRollout:
     width = max(p.prompt_ids.shape[1] for p in parts)
     offsets = torch.tensor([0] + [len(p.prompt_ids) for p in parts[:-1]]).cumsum(0)
     return RouterRollout(
-        prompt_ids=torch.cat([F.pad(p.prompt_ids, (width - p.prompt_ids.shape[1], 0), value=pad_id) for p in parts]),
-        prompt_mask=torch.cat([F.pad(p.prompt_mask, (width - p.prompt_mask.shape[1], 0), value=0) for p in parts]),
+        prompt_ids=torch.cat(
+            [F.pad(p.prompt_ids, (width - p.prompt_ids.shape[1], 0), value=pad_id) for p in parts]
+        ),
+        prompt_mask=torch.cat(
+            [F.pad(p.prompt_mask, (width - p.prompt_mask.shape[1], 0), value=0) for p in parts]
+        ),
         prompt_index=torch.cat([p.prompt_index + int(o) for p, o in zip(parts, offsets, strict=True)]),
         **{k: torch.cat([getattr(p, k) for p in parts]) for k in _PER_ROW},
     )
@@ -51,7 +55,9 @@ def take_rows(rb: RolloutBatch, rows: torch.Tensor) -> RolloutBatch:
     if rb.episodes is not None:
         raise ValueError("take_rows: batches with episodes are not sliced (single-turn only)")
     out = batch_ops.select_rows(rb, rows.tolist())
-    return replace(out, router=None if rb.router is None else select_router(rb.router, rows), metrics=dict(rb.metrics))
+    return replace(
+        out, router=None if rb.router is None else select_router(rb.router, rows), metrics=dict(rb.metrics)
+    )
 
 
 def join(parts: Sequence[RolloutBatch], pad_id: int) -> RolloutBatch:

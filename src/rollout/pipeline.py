@@ -162,7 +162,9 @@ class RolloutPipeline:
         fresh = self._collect(request) if self.buffer.collects_locally else None
         scalars = dict(prompts.scalars)
         if self.dynamic is not None and fresh is not None:
-            fresh, dynamic_scalars = refill(fresh, step, self._refill_fn(step, lam, prompts.sampling), self.dynamic)
+            fresh, dynamic_scalars = refill(
+                fresh, step, self._refill_fn(step, lam, prompts.sampling), self.dynamic
+            )
             scalars.update(dynamic_scalars)
         return self.buffer.draw(fresh, request, seed), scalars
 
@@ -186,7 +188,9 @@ class RolloutPipeline:
         def collect(records: list[dict[str, Any]], k: int) -> RolloutBatch:
             seed = refill_seed(self.seed, step, k)
             torch.manual_seed(seed)
-            return self._collect(CollectRequest(records, step, lam, sampling, torch.Generator().manual_seed(seed)))
+            return self._collect(
+                CollectRequest(records, step, lam, sampling, torch.Generator().manual_seed(seed))
+            )
 
         return collect
 

@@ -22,7 +22,9 @@ def test_same_seed_step_k_same_prompts_and_any_other_differs():
     assert uids == [r["uid"] for r in refill_records(ds, 3, (7, 1, 8), set())] and len(set(uids)) == 8
     for other in ((3, (7, 2, 8)), (3, (8, 1, 8)), (4, (7, 1, 8))):
         assert [r["uid"] for r in refill_records(ds, *other, set())] != uids
-    assert len({refill_seed(s, t, k) for s in range(3) for t in range(200) for k in range(1, 4)}) == 3 * 200 * 3
+    assert (
+        len({refill_seed(s, t, k) for s in range(3) for t in range(200) for k in range(1, 4)}) == 3 * 200 * 3
+    )
 
 
 def test_skips_the_steps_uids_and_repeats_and_returns_fewer_when_the_set_runs_out():
@@ -44,4 +46,6 @@ def test_refill_draw_reads_the_datamodule_at_call_time():
     with pytest.raises(RuntimeError, match="train_dataset"):
         draw(0, 1, 4, set())
     dm.train_dataset = _dataset()
-    assert [r["uid"] for r in draw(0, 1, 4, set())] == [r["uid"] for r in refill_records(dm.train_dataset, 0, (0, 1, 4), set())]
+    assert [r["uid"] for r in draw(0, 1, 4, set())] == [
+        r["uid"] for r in refill_records(dm.train_dataset, 0, (0, 1, 4), set())
+    ]

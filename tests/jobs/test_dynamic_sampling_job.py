@@ -41,7 +41,13 @@ def test_dynamic_sampling_scalars_and_rollout_rows(dynamic_run):
 @pytest.mark.slow  # two more training processes
 def test_sigkill_with_dynamic_sampling_resumes_exactly(dynamic_run, tmp_path):
     run_dir = tmp_path / "run"
-    _run(run_dir, "trainer.save_freq=2", *_fault(3, "SIGKILL", "batch_end"), base=DYNAMIC, expect=-signal.SIGKILL)
+    _run(
+        run_dir,
+        "trainer.save_freq=2",
+        *_fault(3, "SIGKILL", "batch_end"),
+        base=DYNAMIC,
+        expect=-signal.SIGKILL,
+    )
     _run(run_dir, "trainer.save_freq=2", "resume=true", base=DYNAMIC)
     _assert_same_training_state(dynamic_run, run_dir)
     _assert_same_logs(dynamic_run, run_dir)  # the refill rows of the rerun steps 2 and 3 included

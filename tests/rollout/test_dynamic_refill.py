@@ -93,7 +93,10 @@ def _groups(rb: RolloutBatch) -> list[int]:
 
 def test_dead_groups_are_replaced_from_refills_in_order_and_the_draw_stays_the_on_policy_sample():
     draw = [_record(1, True), _record(2, False), _record(3, True), _record(4, False)]
-    pool = {1: [_record(2, True), _record(11, False), _record(12, True)], 2: [_record(21, True), _record(22, True)]}
+    pool = {
+        1: [_record(2, True), _record(11, False), _record(12, True)],
+        2: [_record(21, True), _record(22, True)],
+    }
     first, batch, scalars, data, collects = _run(draw, pool)
     # refill 1 skips uid 2 (the step has it): 11 dead, 12 live -> 3 live; refill 2's 21 fills it
     assert collects == [1, 2] and [c[:3] for c in data.calls] == [(7, 1, 4), (7, 2, 4)]
@@ -115,7 +118,7 @@ def test_dead_groups_are_replaced_from_refills_in_order_and_the_draw_stays_the_o
 def test_the_bound_holds_and_a_batch_with_no_live_group_trains_on_the_draw():
     draw = [_record(u, False) for u in range(1, 5)]
     pool = {k: [_record(10 * k + i, False) for i in range(4)] for k in range(1, 6)}
-    first, batch, scalars, data, collects = _run(draw, pool, bound=3)
+    first, batch, scalars, _, collects = _run(draw, pool, bound=3)
     assert collects == [1, 2, 3]  # max_extra_batches collects, not one more
     assert _groups(batch) == [1, 2, 3, 4] and torch.equal(batch.rewards, first.rewards)
     assert scalars["train/dynamic_groups_final"] == 0.0 and scalars["train/dynamic_extra_batches"] == 3.0
@@ -139,7 +142,12 @@ def test_all_live_draw_is_trained_on_as_it_is():
 
 @pytest.mark.parametrize(("on", "want"), [("actor", [1, 3]), ("router", [2, 3]), ("either", [1, 2, 3])])
 def test_on_picks_the_reward_whose_spread_keeps_a_group(on, want):
-    draw = [_record(1, True, False), _record(2, False, True), _record(3, True, True), _record(4, False, False)]
+    draw = [
+        _record(1, True, False),
+        _record(2, False, True),
+        _record(3, True, True),
+        _record(4, False, False),
+    ]
     pool = {1: [_record(u, True, True) for u in (50, 51, 52)]}
     _, batch, scalars, _, _ = _run(draw, pool, on=on, bound=1)
     assert scalars["train/dynamic_groups_kept_frac"] == len(want) / 4
@@ -161,11 +169,15 @@ def test_take_rows_of_a_join_keeps_every_rows_prompt_response_and_router_part():
         def used(ids, mask):
             return ids[mask.bool()].tolist()
 
-        assert used(got.input_ids[out_row], got.attention_mask[out_row]) == used(part.input_ids[i], part.attention_mask[i])
+        assert used(got.input_ids[out_row], got.attention_mask[out_row]) == used(
+            part.input_ids[i], part.attention_mask[i]
+        )
         assert got.rewards[out_row] == part.rewards[i] and got.uids[out_row] == part.uids[i]
         r, pr = got.router, part.router
         k = int(r.prompt_index[out_row])
-        assert used(r.prompt_ids[k], r.prompt_mask[k]) == used(pr.prompt_ids[pr.prompt_index[i]], pr.prompt_mask[pr.prompt_index[i]])
+        assert used(r.prompt_ids[k], r.prompt_mask[k]) == used(
+            pr.prompt_ids[pr.prompt_index[i]], pr.prompt_mask[pr.prompt_index[i]]
+        )
         for name in ("action", "log_prob", "reward", "cost", "target"):
             assert getattr(r, name)[out_row] == getattr(pr, name)[i], name
     assert len(got.router.prompt_ids) == 3  # prompts 5, 6 and 9's: the others' rows were not taken
