@@ -7,8 +7,8 @@ generation); the batch keeps ``n_prompts`` groups, padded with dead ones when th
 
 Off by default. Measured on experiment=router_grpo (issue 19): the kept groups' router gradient
 is no longer diluted by the dead ones, so an early push to one route is several times larger; on
-seed 3 the router collapsed to "answer" by step 10 (entropy 0, every later group dead, λ -> 0),
-and on seed 4 neither the last-50-step cost nor the held-out accuracies improved.
+seeds 0 and 3 the router collapsed to "answer" by step 10 (entropy 0, every later group dead,
+λ -> 0), and on seed 4 neither the last-50-step cost nor the held-out accuracies improved.
 """
 
 from __future__ import annotations
