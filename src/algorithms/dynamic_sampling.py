@@ -5,19 +5,25 @@ scored the same) has zero group-relative advantage: it costs a forward and backw
 nothing. DAPO drops such groups and refills the batch from extra prompts. The pure parts:
 
     informative_groups(rewards, uids)        which groups have reward spread > eps
+    live_groups(reward_sets, uids)           informative under any of several rewards (the
+                                             actor's, the router's r_router, or either)
     select_rows(rewards, uids, n_groups)     rows of the first n_groups informative groups, in
                                              order; when too few are informative (the bound on
                                              extra generation was reached) the batch is padded with
                                              dead groups, so its size stays fixed
-The rollout side calls ``select_rows`` on the step's rollouts concatenated with up to
-``max_extra`` further batches of prompts, stopping as soon as ``n_informative >= n_groups``.
+    select_live_rows(reward_sets, ...)       the same under any of several rewards
+The rollout side (``src.rollout.dynamic_refill``) calls ``select_live_rows`` on the step's
+rollouts concatenated with up to ``max_extra_batches`` further batches of prompts, stopping as
+soon as ``n_informative >= n_groups``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
-__all__ = ["groups_kept_frac", "informative_groups", "select_rows"]
+__all__ = ["groups_kept_frac", "informative_groups", "live_groups", "select_live_rows", "select_rows"]
 
 
 def _group_index(uids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -56,6 +62,22 @@ def groups_kept_frac(rewards: torch.Tensor, uids: torch.Tensor, eps: float = 1e-
     return float(keep.double().mean())
 
 
+def live_groups(
+    reward_sets: Sequence[torch.Tensor], uids: torch.Tensor, eps: float = 1e-6
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(uids [G] in first-seen order, live [G] bool: informative under at least one reward).
+
+    reward_sets: one or more [N] reward vectors over the same rows (e.g. the actor's reward and
+    the router's r_router); uids: [N] long group ids.
+    """
+    if not reward_sets:
+        raise ValueError("live_groups needs at least one reward vector")
+    groups, live = informative_groups(reward_sets[0], uids, eps)
+    for rewards in reward_sets[1:]:
+        live = live | informative_groups(rewards, uids, eps)[1]
+    return groups, live
+
+
 def select_rows(
     rewards: torch.Tensor, uids: torch.Tensor, n_groups: int, eps: float = 1e-6
 ) -> tuple[torch.Tensor, int]:
@@ -64,9 +86,16 @@ def select_rows(
     The first ``n_groups`` informative groups in first-seen order; if fewer exist, every one of
     them plus the first dead groups up to ``n_groups`` (rows keep their original order).
     """
+    return select_live_rows([rewards], uids, n_groups, eps)
+
+
+def select_live_rows(
+    reward_sets: Sequence[torch.Tensor], uids: torch.Tensor, n_groups: int, eps: float = 1e-6
+) -> tuple[torch.Tensor, int]:
+    """:func:`select_rows` with a group live when any of ``reward_sets`` (each [N]) varies in it."""
     if n_groups <= 0:
         raise ValueError(f"n_groups must be > 0, got {n_groups}")
-    groups, keep = informative_groups(rewards, uids, eps)
+    groups, keep = live_groups(reward_sets, uids, eps)
     live = torch.nonzero(keep).flatten()[:n_groups]
     dead = torch.nonzero(~keep).flatten()[: max(0, n_groups - len(live))]
     chosen = groups[torch.cat([live, dead])]

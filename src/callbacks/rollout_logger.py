@@ -15,6 +15,8 @@ from pathlib import Path
 import lightning.pytorch as pl
 import pandas as pd
 
+from src.rollout.batch import generated_rows
+
 
 class RolloutLogger(pl.Callback):
     def __init__(self, out_dir: str | os.PathLike, every_n_steps: int = 1):
@@ -28,7 +30,7 @@ class RolloutLogger(pl.Callback):
         step = int(rb.rows[0]["step"])
         if step % self.every:
             return
-        rows = rb.rows
+        rows = generated_rows(rb)  # with dynamic sampling: the refills too, each row marked
         if trainer.world_size > 1:  # every rank rolled out its own prompts: log them all
             import torch.distributed as dist
 

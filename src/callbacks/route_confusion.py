@@ -13,6 +13,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from src.callbacks.rollout_logger import step_rollout
+from src.rollout.batch import step_draw
 from src.rollout.metrics import confusion_markdown, route_accuracy, route_confusion
 
 log = logging.getLogger(__name__)
@@ -35,6 +36,7 @@ class RouteConfusionLogger(pl.Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         rb = step_rollout(outputs)
+        rb = None if rb is None else step_draw(rb)  # the on-policy draw, not dynamic sampling's pick
         if rb is None or not rb.rows:
             return
         if "weak_label" not in rb.rows[0]:

@@ -7,6 +7,7 @@ declare, or a value of the wrong type, fails when the config is composed, naming
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
+from src.config.dynamic_sampling import DynamicSamplingConfig
 from src.config.schema import AlgorithmConfig, DualSettings, OptimConfig, RouterHeadConfig
 
 
@@ -53,6 +54,7 @@ class AlgorithmGroupConfig(AlgorithmConfig):
     """The ``algorithm`` group: the loss settings (RLVCR's included) and their optimizer."""
 
     optim: OptimConfig = field(default_factory=OptimConfig)
+    dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
 
 
 # ---------------------------------------------------------------------------- rollout

@@ -15,6 +15,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from src.config.checks import file_list, in_range, one_of, positive, unknown_keys
+from src.config.dynamic_sampling import dynamic_sampling_problems
 from src.config.errors import ConfigError
 from src.config.validate_async import curriculum_problems, replay_problems
 from src.config.validate_values import value_problems
@@ -37,6 +38,7 @@ def validate(cfg: DictConfig) -> None:
         _lengths,
         replay_problems,
         curriculum_problems,
+        dynamic_sampling_problems,
         value_problems,
     ):
         problems += check(cfg)

@@ -6,7 +6,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from src.datamodules.refill import RefillDraw
 from src.jobs.build import build_collector_factory
+from src.rollout.dynamic_refill import DynamicSampling
 from src.rollout.pipeline import DataSource, NoBuffer, RolloutPipeline
 
 
@@ -35,4 +37,16 @@ def build_rollout_pipeline(cfg: DictConfig, tokenizer, path: Path, datamodule=No
         buffer,
         None if cfg.env.enable else eval_sampling_from(cfg, tokenizer),
         seed=int(cfg.seed),
+        dynamic=build_dynamic_sampling(cfg, tokenizer, datamodule),
     )
+
+
+def build_dynamic_sampling(cfg: DictConfig, tokenizer, datamodule) -> DynamicSampling | None:
+    """``algorithm.dynamic_sampling`` with its refill draw over the datamodule's training set."""
+    d = cfg.algorithm.dynamic_sampling
+    if not d.enable:
+        return None
+    if datamodule is None:
+        raise ValueError("algorithm.dynamic_sampling.enable: the refill draw needs the job's datamodule")
+    draw = RefillDraw(datamodule, int(cfg.seed))
+    return DynamicSampling(str(d.on), int(d.max_extra_batches), float(d.eps), draw, tokenizer.pad_token_id)

@@ -30,7 +30,7 @@ from src.models.router_policy import RouterPolicy, initial_controller, lambda_wi
 from src.models.sharding import fully_shard_policy
 from src.models.shared_prefix import prompt_groups, response_logits
 from src.models.step_stats import add_stat
-from src.rollout.batch import PromptBatch, RolloutBatch
+from src.rollout.batch import PromptBatch, RolloutBatch, step_draw
 from src.rollout.metrics import non_finite
 from src.rollout.rank_metrics import all_rank_rollout_metrics
 from src.router.routing_eval import prompt_labels, routing_scalars
@@ -334,9 +334,10 @@ class ToolRouterModule(pl.LightningModule):
         """λ's one update, from this step's router costs summed over every rank. Scalars to log."""
         if self.router_head is None or rb.router is None:
             return {}
-        cost = rb.router.cost
+        draw = step_draw(rb)  # the on-policy sample, not the batch dynamic sampling filtered
+        cost = draw.router.cost
         step_totals = torch.tensor(
-            [float(cost.sum()), float(rb.rewards.sum()), float(cost.numel())],
+            [float(cost.sum()), float(draw.rewards.sum()), float(cost.numel())],
             dtype=torch.float64,
             device=self.device,
         )
@@ -457,7 +458,7 @@ class ToolRouterModule(pl.LightningModule):
         actor_opt, _ = self._optimizers()
         gen = rb.metrics.get("timing/generation_s", 0.0) + rb.metrics.get("timing/scoring_s", 0.0)
         t_total = t_train + gen
-        metrics = {**metrics, **all_rank_rollout_metrics(rb), **rb.metrics}
+        metrics = {**metrics, **all_rank_rollout_metrics(step_draw(rb)), **rb.metrics}
         metrics.update(
             {
                 "timing/training_s": t_train,

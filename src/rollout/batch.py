@@ -46,6 +46,9 @@ class RolloutBatch:
     rows: per-rollout records for the rollout log (text, route, reward parts, ...).
     metrics: scalars to log for this step (rollout side).
     episodes: the multi-step episodes behind the rows (episode collectors only; RLVCR reads them).
+    generated: with dynamic sampling (``src.rollout.dynamic_refill``), every batch the step
+        collected, unfiltered: ``[0]`` the step's own draw, then the refills. None: this batch is
+        what the step collected. Read it through :func:`step_draw` / :func:`generated_rows`.
     """
 
     input_ids: torch.Tensor
@@ -60,6 +63,7 @@ class RolloutBatch:
     rows: list[dict[str, Any]] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
     episodes: list[Any] | None = None
+    generated: list[RolloutBatch] | None = None
 
     @property
     def prompt_width(self) -> int:
@@ -67,6 +71,17 @@ class RolloutBatch:
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
+
+
+def step_draw(rb: RolloutBatch) -> RolloutBatch:
+    """The step's own on-policy draw (its n_prompts prompts, no group dropped): what λ's cost
+    estimate and the ``train/`` rollout metrics measure. ``rb`` itself without dynamic sampling."""
+    return rb if rb.generated is None else rb.generated[0]
+
+
+def generated_rows(rb: RolloutBatch) -> list[dict[str, Any]]:
+    """Every rollout the step generated (the draw and any refills): the rollout log's rows."""
+    return rb.rows if rb.generated is None else [row for part in rb.generated for row in part.rows]
 
 
 @dataclass

@@ -7,7 +7,9 @@ The pipeline is the only thing that produces a step's :class:`RolloutBatch`:
    with the same collector, so with the same engine and the same weights as training);
 2. the **collector** (built once at fit start, around the one engine) answers a
    :class:`CollectRequest`;
-3. the **buffer** decides what the loss sees (``NoBuffer``: the fresh rollouts; ``LocalReplay`` /
+3. with ``algorithm.dynamic_sampling`` on, the step's dead groups are dropped and the batch refilled
+   from extra seeded prompt draws (``src.rollout.dynamic_refill``);
+4. the **buffer** decides what the loss sees (``NoBuffer``: the fresh rollouts; ``LocalReplay`` /
    ``WorkerReplay``: a draw from the replay buffer, filled locally or by Ray workers).
 
 ``sync_weights`` is the one weight-sync point: after every optimizer step and at fit start (which
@@ -24,7 +26,9 @@ from typing import Any, Protocol
 
 import torch
 
+from src.datamodules.refill import refill_seed
 from src.rollout.batch import RolloutBatch
+from src.rollout.dynamic_refill import DynamicSampling, refill
 from src.rollout.engines.types import SamplingParams
 from src.rollout.request import Collector, CollectRequest
 
@@ -113,7 +117,8 @@ class RolloutPipeline:
     """Owns the one collector (and so the one engine), the prompt source and the buffer.
 
     ``collector_factory(module)`` builds the collector once the module is on its device (None when
-    Ray workers produce every rollout and nothing is collected here).
+    Ray workers produce every rollout and nothing is collected here). ``dynamic``: dynamic
+    sampling's settings and refill draw (None: off).
     """
 
     def __init__(
@@ -123,10 +128,12 @@ class RolloutPipeline:
         buffer: RolloutBuffer,
         eval_sampling: SamplingParams | None,
         seed: int = 0,
+        dynamic: DynamicSampling | None = None,
     ):
         self.collector_factory = collector_factory
         self.source, self.buffer = source, buffer
         self.eval_sampling, self.seed = eval_sampling, seed
+        self.dynamic = dynamic
         self.collector: Collector | None = None
 
     def start(self, module, step: int) -> None:
@@ -153,7 +160,13 @@ class RolloutPipeline:
             prompts.records, step, lam, prompts.sampling, torch.Generator().manual_seed(seed)
         )
         fresh = self._collect(request) if self.buffer.collects_locally else None
-        return self.buffer.draw(fresh, request, seed), prompts.scalars
+        scalars = dict(prompts.scalars)
+        if self.dynamic is not None and fresh is not None:
+            fresh, dynamic_scalars = refill(
+                fresh, step, self._refill_fn(step, lam, prompts.sampling), self.dynamic
+            )
+            scalars.update(dynamic_scalars)
+        return self.buffer.draw(fresh, request, seed), scalars
 
     def evaluate(self, records: list[dict[str, Any]], step: int, lam: float) -> RolloutBatch:
         """Validation rollouts: the eval sampling (greedy, one per prompt by default)."""
@@ -165,6 +178,18 @@ class RolloutPipeline:
         def collect(rows: list[dict[str, Any]], sampling: SamplingParams | None) -> RolloutBatch:
             return self._collect(
                 CollectRequest(rows, step, lam, sampling, torch.Generator().manual_seed(step))
+            )
+
+        return collect
+
+    def _refill_fn(self, step: int, lam: float, sampling: SamplingParams | None):
+        """Collects refill k's prompts, its sampling seeded by (seed, step, k) like the draw's."""
+
+        def collect(records: list[dict[str, Any]], k: int) -> RolloutBatch:
+            seed = refill_seed(self.seed, step, k)
+            torch.manual_seed(seed)
+            return self._collect(
+                CollectRequest(records, step, lam, sampling, torch.Generator().manual_seed(seed))
             )
 
         return collect

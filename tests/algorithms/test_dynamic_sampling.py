@@ -59,3 +59,29 @@ def test_all_dead_batch_is_padded_and_bad_input_named():
         informative_groups(torch.zeros(3), torch.zeros(4, dtype=torch.long))
     with pytest.raises(ValueError, match="empty"):
         groups_kept_frac(torch.zeros(0), torch.zeros(0, dtype=torch.long))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_live_groups_and_select_live_rows_match_plain_loop_over_two_rewards(seed):
+    from src.algorithms.dynamic_sampling import live_groups, select_live_rows
+
+    actor, uids = _batch(seed)
+    router, _ = _batch(seed + 100)  # another reward over the same rows (its own dead groups)
+    router = router[torch.randperm(len(router), generator=torch.Generator().manual_seed(seed))]
+    order = list(dict.fromkeys(uids.tolist()))
+
+    def spread(rewards, u):
+        values = [r for r, v in zip(rewards.tolist(), uids.tolist()) if v == u]
+        return max(values) - min(values)
+
+    want = [spread(actor, u) > 1e-6 or spread(router, u) > 1e-6 for u in order]
+    groups, live = live_groups([actor, router], uids)
+    assert groups.tolist() == order and live.tolist() == want
+    for n_groups in (1, 5, 12):
+        rows, n_live = select_live_rows([actor, router], uids, n_groups)
+        alive = [u for u, w in zip(order, want) if w][:n_groups]
+        dead = [u for u, w in zip(order, want) if not w][: n_groups - len(alive)]
+        assert rows.tolist() == [i for i, u in enumerate(uids.tolist()) if u in set(alive + dead)]
+        assert n_live == len(alive)
+    with pytest.raises(ValueError, match="at least one"):
+        live_groups([], uids)
