@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from src.rollout.engines.hf_decode import DecodeStep, decode
+from src.rollout.engines.hf_decode import DecodeStep, decode, positions
 from src.rollout.engines.hf_sampling import SampledLogProbs
 from src.rollout.engines.logprobs import sampling_log_probs
 from src.rollout.engines.sharding import generate_kwargs_under_sharding, sharding_of
@@ -75,10 +75,6 @@ class HFEngineSettings:
             raise ValueError(
                 "rollout.micro_batch_size and rollout.engines.hf.pad_to_multiple_of must be >= 1"
             )
-
-
-def _positions(attention_mask: torch.Tensor) -> torch.Tensor:
-    return (attention_mask.cumsum(-1) - 1).clamp(min=0)
 
 
 class HFGenerateEngine:
@@ -221,7 +217,7 @@ class HFGenerateEngine:
         self.model(
             input_ids=ids[:, :-1],
             attention_mask=attn[:, :-1],
-            position_ids=_positions(attn[:, :-1]),
+            position_ids=positions(attn[:, :-1]),
             past_key_values=cache,
             use_cache=True,
             logits_to_keep=1,
@@ -240,7 +236,7 @@ class HFGenerateEngine:
         logits = self.model(
             input_ids=seqs,
             attention_mask=full_mask,
-            position_ids=_positions(full_mask),
+            position_ids=positions(full_mask),
             logits_to_keep=resp.shape[1] + 1,
         ).logits[:, :-1]
         return sampling_log_probs(logits, resp, sampling.temperature, sampling.top_p) * mask

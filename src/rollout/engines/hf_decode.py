@@ -25,7 +25,8 @@ from src.rollout.engines.logprobs import warped_log_probs
 from src.rollout.engines.types import SamplingParams
 
 
-def _positions(attention_mask: torch.Tensor) -> torch.Tensor:
+def positions(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Position ids of left-padded rows: 0 at each row's first real token. [B, T] -> [B, T]."""
     return (attention_mask.cumsum(-1) - 1).clamp(min=0)
 
 
@@ -115,7 +116,7 @@ def decode(
     logits = model(
         input_ids=ids,
         attention_mask=attn,
-        position_ids=_positions(attn),
+        position_ids=positions(attn),
         past_key_values=cache,
         use_cache=True,
         logits_to_keep=1,
