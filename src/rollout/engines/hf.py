@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from src.rollout.engines.hf_decode import DecodeStep, decode, positions
+from src.rollout.engines.hf_lean import log_fallback_once, unsupported_reason
 from src.rollout.engines.hf_sampling import SampledLogProbs
 from src.rollout.engines.logprobs import sampling_log_probs
 from src.rollout.engines.sharding import generate_kwargs_under_sharding, sharding_of
@@ -23,7 +24,7 @@ from src.rollout.engines.types import Completions, SamplingParams, left_pad, mas
 log = logging.getLogger(__name__)
 
 CACHE_IMPLEMENTATIONS = ("dynamic", "static")
-DECODERS = ("loop", "generate")
+DECODERS = ("lean", "loop", "generate")
 LOGPROB_SOURCES = ("scores", "forward")
 
 
@@ -32,8 +33,11 @@ class HFEngineSettings:
     """``rollout.*`` keys of the HF engine.
 
     micro_batch_size: prompts per ``generate`` call (each with its n samples).
-    decode: loop (our own decode loop around the forward: static cache, on-device sampling, one host
-        sync every few steps; ``hf_decode``) | generate (Hugging Face ``generate`` with the settings below).
+    decode: lean (the loop below with its decode steps through ``hf_lean``: a lean Llama / Qwen2
+        forward on the module's own weights, the prompt's cache read once per group; other models,
+        LoRA and sharded weights fall back to the loop, logged once) | loop (our own decode loop
+        around the forward: static cache, on-device sampling, one host sync every few steps;
+        ``hf_decode``) | generate (Hugging Face ``generate`` with the settings below).
     cache_implementation: dynamic | static (static: fixed-shape KV cache, reusable compiled graphs).
     compile: compile the decoding forward (static cache only; on CPU too).
     share_prefill: prefill each prompt once and expand its cache n times (dynamic cache only).
@@ -42,7 +46,7 @@ class HFEngineSettings:
     """
 
     micro_batch_size: int = 64
-    decode: str = "loop"
+    decode: str = "lean"
     cache_implementation: str = "dynamic"
     compile: bool = False
     share_prefill: bool = True
@@ -56,12 +60,12 @@ class HFEngineSettings:
             )
         if self.decode not in DECODERS:
             raise ValueError(f"rollout.engines.hf.decode={self.decode!r}; expected one of {DECODERS}")
-        if self.decode == "loop" and (
+        if self.decode in ("lean", "loop") and (
             self.compile or self.cache_implementation != "dynamic" or not self.share_prefill
         ):
             raise ValueError(
                 "rollout.engines.hf.compile / cache_implementation / share_prefill apply to decode=generate "
-                "(decode=loop always prefills each prompt once into its own static cache)"
+                "(decode=lean / loop always prefill each prompt once into their own cache)"
             )
         if self.logprobs_from not in LOGPROB_SOURCES:
             raise ValueError(
@@ -162,7 +166,7 @@ class HFGenerateEngine:
     def _generate_chunk(self, prompts, sampling: SamplingParams, stop, device):
         s = self.settings
         ids, attn = left_pad(prompts, self.pad_token_id, device, multiple_of=s.pad_to_multiple_of)
-        if s.decode == "loop":
+        if s.decode in ("lean", "loop"):
             return self._loop_chunk(ids, attn, sampling, stop)
         greedy = sampling.temperature <= 0
         recorder = (
@@ -199,7 +203,7 @@ class HFGenerateEngine:
         n = 1 if greedy else sampling.n
         synced = sharding_of(self.model) is not None
         step = DecodeStep(sampling, stop, self.pad_token_id, synced, device=ids.device)
-        resp, logp = decode(self.model, ids, attn, n, step)
+        resp, logp = decode(self.model, ids, attn, n, step, lean=self._lean(synced))
         if greedy:
             resp, logp = resp.repeat_interleave(sampling.n, 0), logp.repeat_interleave(sampling.n, 0)
         mask = mask_after_stop(resp, stop)
@@ -207,6 +211,16 @@ class HFGenerateEngine:
             seqs = torch.cat([ids.repeat_interleave(n, 0), resp], dim=1)
             logp = self._forward_log_probs(seqs, attn.repeat_interleave(n, 0), resp, mask, sampling)
         return resp, logp * mask, mask
+
+    def _lean(self, synced: bool) -> bool:
+        """decode=lean where ``hf_lean`` supports the model; sharded weights keep the HF forward (its
+        hooks gather each layer's weights in the module's forward)."""
+        if self.settings.decode != "lean":
+            return False
+        reason = "sharded weights (FSDP2 / ZeRO-3)" if synced else unsupported_reason(self.model)
+        if reason is not None:
+            log_fallback_once(reason)
+        return reason is None
 
     def _generate_shared_prefill(self, ids, attn, n: int, kwargs: dict) -> torch.Tensor:
         """Prefill the P prompts (all but their last token) once, repeat the cache n times, and let

@@ -99,19 +99,28 @@ def decode(
     attn: torch.Tensor,
     n: int,
     step: DecodeStep,
+    lean: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample ``n`` continuations of each left-padded prompt.
 
     Args:
         ids, attn: [P, L] left-padded prompts and their mask.
+        lean: decode steps through ``hf_lean.LeanStep`` (the caller checked the model is supported)
+            instead of the model's forward.
     Returns:
         (tokens [P*n, T'], log_probs [P*n, T']) prompt-major, T' <= max_new_tokens (the loop ends
         once every row has stopped); after a row's stop token: ``step.pad_id`` and log-prob 0. Greedy
         decoding records log-prob 0 (probability 1).
     """
+    start = lean_stepper if lean else hf_stepper
+    logits, forward = start(model, ids, attn, n, step.sampling.max_new_tokens)
+    return _loop(forward, logits, step)
+
+
+def hf_stepper(model, ids: torch.Tensor, attn: torch.Tensor, n: int, t_max: int):
+    """Prefill into a static cache repeated to the n samples -> (logits [P*n, V] of the last prompt
+    position, ``forward(tokens [P*n], j) -> logits [P*n, V]`` of generated slot j through the model)."""
     p, width = ids.shape
-    t_max = step.sampling.max_new_tokens
-    rows = p * n
     cache = _static_cache(model, width + t_max)
     logits = model(
         input_ids=ids,
@@ -122,17 +131,45 @@ def decode(
         logits_to_keep=1,
     ).logits[:, -1]
     _repeat_cache(cache, n)
-    logits = logits.repeat_interleave(n, 0)
-    mask = torch.zeros((rows, width + t_max), dtype=attn.dtype, device=ids.device)
+    mask = torch.zeros((p * n, width + t_max), dtype=attn.dtype, device=ids.device)
     mask[:, :width] = attn.repeat_interleave(n, 0)
     position = attn.sum(-1).repeat_interleave(n, 0)
-    return _loop(model, cache, logits, mask, position, step)
+
+    def forward(tokens: torch.Tensor, j: int) -> torch.Tensor:
+        mask[:, width + j] = 1
+        return model(
+            input_ids=tokens[:, None],
+            attention_mask=mask,
+            position_ids=(position + j)[:, None],
+            past_key_values=cache,
+            use_cache=True,
+        ).logits[:, -1]
+
+    return logits.repeat_interleave(n, 0), forward
 
 
-def _loop(model, cache, logits, mask, position, step: DecodeStep, stop_check_every: int = 8):
+def lean_stepper(model, ids: torch.Tensor, attn: torch.Tensor, n: int, t_max: int):
+    """As :func:`hf_stepper`, the prefill through the model once per prompt (its cache kept once per
+    prompt), the decode steps through ``hf_lean.LeanStep``."""
+    from transformers import DynamicCache
+
+    from src.rollout.engines.hf_lean import LeanStep
+
+    cache = DynamicCache()
+    logits = model(
+        input_ids=ids,
+        attention_mask=attn,
+        position_ids=positions(attn),
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    ).logits[:, -1]
+    return logits.repeat_interleave(n, 0), LeanStep(model, cache, attn, n, t_max)
+
+
+def _loop(forward, logits, step: DecodeStep, stop_check_every: int = 8):
     pad_id = step.pad_id
     rows, t_max = logits.shape[0], step.sampling.max_new_tokens
-    width = mask.shape[1] - t_max
     tokens = torch.full((rows, t_max), pad_id, dtype=torch.long, device=logits.device)
     log_probs = torch.zeros((rows, t_max), dtype=torch.float32, device=logits.device)
     done = torch.zeros(rows, dtype=torch.bool, device=logits.device)
@@ -150,14 +187,7 @@ def _loop(model, cache, logits, mask, position, step: DecodeStep, stop_check_eve
         t += 1
         if t == t_max or (t % stop_check_every == 0 and step.all_stopped(done)):
             break
-        mask[:, width + t - 1] = 1
-        logits = model(
-            input_ids=tok[:, None],
-            attention_mask=mask,
-            position_ids=(position + (t - 1))[:, None],
-            past_key_values=cache,
-            use_cache=True,
-        ).logits[:, -1]
+        logits = forward(tok, t - 1)
     # the steps some row of this rank still needed (fewer than t when the check came late, or when
     # sharded ranks kept stepping for the others)
     t = int(running.sum())

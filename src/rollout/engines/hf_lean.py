@@ -1,0 +1,154 @@
+"""A lean decode step for the Llama / Qwen2 family (``rollout.engines.hf.decode: lean``).
+
+On a small model on CPU the HF forward of one decode token is mostly its own machinery (mask
+creation, cache-update calls, the attention-interface dispatch, ~120 module calls), and its
+attention reads every row's copy of the prompt's keys and values although the G samples of a prompt
+share them. This step computes the same function with plain tensor ops on the module's own
+parameters, read at call time (weight updates are live, nothing is copied):
+
+- the prompt's keys / values stay as the prefill wrote them, once per prompt ([P, kv, W, d]); the
+  G samples' queries attend to them as one batch (G times less cache read per step), and to their
+  own generated keys / values ([P, kv, G, T, d], written in place, one slot per step); one softmax
+  over both parts, so the result is the full attention's;
+- the prompt padding is an additive bias built once per generate call; RoPE cos / sin of every
+  decode position come from the model's own rotary embedding, once per generate call;
+- the LM head runs on the one new position.
+
+It supports exactly what :func:`unsupported_reason` checks; anything else decodes through the HF
+forward (``hf_decode``), with the reason logged once.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.nn.functional as F
+
+log = logging.getLogger(__name__)
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
+_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
+_MLP = ("gate_proj", "up_proj", "down_proj")
+_logged: set[str] = set()
+
+
+def _plain_linears(model) -> bool:
+    """Every projection and the LM head a plain ``nn.Linear`` (not a LoRA, quantised or hooked one)."""
+    body = model.model
+    modules = [model.lm_head]
+    for layer in body.layers:
+        modules += [getattr(layer.self_attn, p) for p in _PROJECTIONS] + [getattr(layer.mlp, p) for p in _MLP]
+    return all(type(m) is torch.nn.Linear for m in modules) and type(body.embed_tokens) is torch.nn.Embedding
+
+
+def unsupported_reason(model) -> str | None:
+    """Why the lean step cannot run ``model`` (None: it can)."""
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        return f"model_type {model_type!r} is not one of {SUPPORTED_MODEL_TYPES}"
+    if hasattr(model, "peft_config"):
+        return "a peft (LoRA) model"
+    if not hasattr(model, "model") or not hasattr(model.model, "layers") or not hasattr(model, "lm_head"):
+        return f"{type(model).__name__} has no .model.layers / .lm_head"
+    if getattr(config, "use_sliding_window", False) or any(
+        t != "full_attention" for t in (getattr(config, "layer_types", None) or [])
+    ):
+        return "sliding-window attention"
+    rope_type = getattr(getattr(model.model, "rotary_emb", None), "rope_type", None)
+    if rope_type != "default":
+        return f"rope_type {rope_type!r} (only 'default')"
+    if config.hidden_act != "silu" or getattr(config, "pretraining_tp", 1) != 1:
+        return f"hidden_act {config.hidden_act!r} / pretraining_tp (only silu, 1)"
+    if not _plain_linears(model):
+        return "a projection that is not a plain nn.Linear (LoRA, quantised, wrapped)"
+    return None
+
+
+def log_fallback_once(reason: str) -> None:
+    if reason not in _logged:
+        _logged.add(reason)
+        log.info("rollout.engines.hf.decode=lean: decoding through the HF forward instead: %s", reason)
+
+
+def _rms_norm(norm, x: torch.Tensor) -> torch.Tensor:
+    """The HF RMSNorm (Llama / Qwen2): normalised in fp32, cast back, then scaled."""
+    y = F.rms_norm(x.float(), (x.shape[-1],), eps=norm.variance_epsilon)
+    return norm.weight * y.to(x.dtype)
+
+
+def _linear(module, x: torch.Tensor) -> torch.Tensor:
+    return F.linear(x, module.weight, module.bias)
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+class LeanStep:
+    """``step(tokens [P*n], j) -> logits [P*n, V]``: one decode token per row at generated slot j.
+
+    Built once per generate call from the prefill's cache (``cache.layers[i].keys / values``,
+    [P, kv, W, d], RoPE applied), the prompts' mask [P, W] and the group size n; rows are
+    prompt-major (row = prompt * n + sample).
+    """
+
+    def __init__(self, model, cache, attn: torch.Tensor, n: int, t_max: int):
+        body = model.model
+        self.model, self.n = model, n
+        self.prompt_kv = [(layer.keys, layer.values) for layer in cache.layers]
+        p, kv_heads, _, head_dim = self.prompt_kv[0][0].shape
+        self.rep = model.config.num_attention_heads // kv_heads
+        keys = self.prompt_kv[0][0]
+        self.gen_kv = [
+            (
+                keys.new_empty((p, kv_heads, n, t_max, head_dim)),
+                keys.new_empty((p, kv_heads, n, t_max, head_dim)),
+            )
+            for _ in body.layers
+        ]
+        bias = torch.zeros(attn.shape, dtype=keys.dtype, device=keys.device).masked_fill_(
+            attn == 0, float("-inf")
+        )
+        self.bias = bias[:, None, None, None, :]  # [P, 1, 1, 1, W]
+        position = attn.sum(-1).repeat_interleave(n)[:, None] + torch.arange(t_max, device=attn.device)
+        cos, sin = body.rotary_emb(keys, position)  # [P*n, T, d]
+        self.cos, self.sin = cos.transpose(0, 1)[:, :, None], sin.transpose(0, 1)[:, :, None]
+
+    def __call__(self, tokens: torch.Tensor, j: int) -> torch.Tensor:
+        body = self.model.model
+        h = F.embedding(tokens, body.embed_tokens.weight)
+        for layer, prompt, gen in zip(body.layers, self.prompt_kv, self.gen_kv):
+            h = h + self._attention(layer.self_attn, _rms_norm(layer.input_layernorm, h), prompt, gen, j)
+            mlp, x = layer.mlp, _rms_norm(layer.post_attention_layernorm, h)
+            h = h + _linear(mlp.down_proj, F.silu(_linear(mlp.gate_proj, x)) * _linear(mlp.up_proj, x))
+        return _linear(self.model.lm_head, _rms_norm(body.norm, h))
+
+    def _attention(self, attn, x, prompt, gen, j: int) -> torch.Tensor:
+        (pk, pv), (gk, gv) = prompt, gen
+        p, kv_heads, width, d = pk.shape
+        rows, n, rep = x.shape[0], self.n, self.rep
+        cos, sin = self.cos[j], self.sin[j]  # [rows, 1, d]
+        q = _rope(_linear(attn.q_proj, x).view(rows, -1, d), cos, sin) * attn.scaling
+        k = _rope(_linear(attn.k_proj, x).view(rows, kv_heads, d), cos, sin)
+        # grouped layout [P, kv, n, ...]: query head h reads kv head h // rep (HF's repeat_kv)
+        gk[:, :, :, j] = k.view(p, n, kv_heads, d).transpose(1, 2)
+        gv[:, :, :, j] = _linear(attn.v_proj, x).view(p, n, kv_heads, d).transpose(1, 2)
+        qg = q.view(p, n, kv_heads, rep, d).transpose(1, 2)  # [P, kv, n, rep, d]
+        own_k, own_v = gk[:, :, :, : j + 1], gv[:, :, :, : j + 1]
+        on_prompt = torch.matmul(qg.reshape(p, kv_heads, n * rep, d), pk.transpose(-1, -2))
+        scores = torch.cat(
+            (
+                on_prompt.view(p, kv_heads, n, rep, width) + self.bias,
+                torch.matmul(qg, own_k.transpose(-1, -2)),
+            ),
+            dim=-1,
+        )
+        probs = scores.softmax(-1, dtype=torch.float32).to(q.dtype)
+        out = torch.matmul(probs[..., :width].reshape(p, kv_heads, n * rep, width), pv).view(
+            p, kv_heads, n, rep, d
+        )
+        out = out + torch.matmul(probs[..., width:], own_v)
+        return _linear(attn.o_proj, out.transpose(1, 2).reshape(rows, -1))
