@@ -201,7 +201,7 @@ def parse_args(argv: list[str]):
     ap.add_argument("--trl-python", default="/work/venv-trl/bin/python")
     ap.add_argument("--vllm-python", default=str(REPO / ".venv-vllm" / "bin" / "python"))
     ap.add_argument("--python", default=sys.executable, help="ours with the HF engine")
-    ap.add_argument("--hf-decode", default="loop", choices=["loop", "generate"])
+    ap.add_argument("--hf-decode", default="lean", choices=["lean", "loop", "generate"])
     ap.add_argument("--vllm-kv-gib", type=float, default=1.0)
     ap.add_argument("--no-trl", action="store_true", help="ours only (e.g. engine A/B under one load)")
     ap.add_argument("--max-involuntary-cs", type=int, default=20000)
