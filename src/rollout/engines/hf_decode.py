@@ -1,4 +1,6 @@
-"""A lean decode loop around the model's own forward (``rollout.engines.hf.decode: loop``).
+"""A lean decode loop around the model's forward (``rollout.engines.hf.decode: loop``) or around
+``hf_lean.LeanStep`` (``decode: lean``: the same loop, each decode step through a lean Llama / Qwen2
+forward on the module's own weights that reads a prompt's cache once per group).
 
 On small models and on CPU, ``generate`` is bound by its per-step machinery, not by the model: a
 dynamic KV cache that grows by concatenation (every step copies the whole cache), the logits
