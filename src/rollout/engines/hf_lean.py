@@ -63,7 +63,14 @@ def unsupported_reason(model) -> str | None:
         return f"hidden_act {config.hidden_act!r} / pretraining_tp (only silu, 1)"
     if not _plain_linears(model):
         return "a projection that is not a plain nn.Linear (LoRA, quantised, wrapped)"
+    if _hooked(model):
+        return "forward hooks on the decoder's modules (the lean step would bypass them)"
     return None
+
+
+def _hooked(model) -> bool:
+    modules = [*model.model.modules(), model.lm_head]
+    return any(m._forward_hooks or m._forward_pre_hooks for m in modules)
 
 
 def log_fallback_once(reason: str) -> None:

@@ -153,3 +153,13 @@ def test_a_projection_that_is_not_a_plain_linear_is_not_supported():
 def test_a_sliding_window_model_is_not_supported():
     model = _random_model("qwen2", use_sliding_window=True, sliding_window=4, max_window_layers=0)
     assert unsupported_reason(model) == "sliding-window attention"
+
+
+def test_a_model_with_hooks_on_its_decoder_modules_is_not_supported():
+    model = _random_model("llama")
+    hook = model.model.layers[0].mlp.register_forward_pre_hook(lambda *_: None)
+    try:
+        assert "forward hooks" in unsupported_reason(model)
+    finally:
+        hook.remove()
+    assert unsupported_reason(model) is None
