@@ -163,3 +163,20 @@ def test_a_model_with_hooks_on_its_decoder_modules_is_not_supported():
     finally:
         hook.remove()
     assert unsupported_reason(model) is None
+
+
+def test_sharded_weights_keep_the_hf_forward(tiny, monkeypatch):
+    """FSDP2 / ZeRO-3 gather each layer's weights in the module's forward hooks: no lean step."""
+    from src.rollout.engines import hf
+
+    model, _ = tiny
+    monkeypatch.setattr(hf, "sharding_of", lambda m: "fsdp2")  # fewer than 8 steps: no collective check
+    calls = []
+    hook = model.register_forward_hook(lambda *_: calls.append(1))
+    try:
+        _engine(model, LEAN, eos=[]).generate(
+            _prompts(96), SamplingParams(n=2, temperature=0.0, max_new_tokens=5)
+        )
+    finally:
+        hook.remove()
+    assert len(calls) == 5  # prefill + 4 decode steps through the module
