@@ -144,7 +144,7 @@ class ToolRouterModule(pl.LightningModule):
                 position_ids=position_ids(prompt_mask),
                 output_hidden_states=True,
                 logits_to_keep=1,
-            ).hidden_states[-1]
+            ).hidden_states[self.router_cfg.hidden_layer]
         with torch.set_grad_enabled(grad):
             return self.router_head(hidden, prompt_mask)
 
