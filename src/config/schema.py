@@ -95,6 +95,10 @@ class RouterHeadConfig:
     enable: bool = False
     pooling: str = "last"  # last | mean | tail (mean over the last tail_tokens prompt tokens)
     tail_tokens: int = 32
+    # which of the backbone's hidden states the head pools: -1 the last layer's; 0 the input
+    # embeddings (a bag of the prompt's tokens, which a small model's upper layers may not beat on
+    # prompts phrased unlike any training prompt); k the output of layer k
+    hidden_layer: int = -1
     mlp_hidden: int = 64
     detach_backbone: bool = True
     separate_optimizer: bool = True

@@ -155,7 +155,16 @@ def _router(cfg: DictConfig) -> list[str]:
     problems += positive({"router.lambda_init": r.lambda_init}, strict=False)
     if r.lambda_max is not None and r.lambda_max < r.lambda_init:
         problems.append(f"router.lambda_max={r.lambda_max} is below router.lambda_init={r.lambda_init}")
-    return problems
+    return problems + _router_layer(cfg)
+
+
+def _router_layer(cfg: DictConfig) -> list[str]:
+    """``router.hidden_layer`` indexes the backbone's hidden states: the embeddings and one per layer."""
+    layers, source = model_config_value(cfg, "num_hidden_layers")
+    k = cfg.router.hidden_layer
+    if layers is None or -(layers + 1) <= k <= layers:
+        return []
+    return [f"router.hidden_layer={k}: the model has {layers} layers ({source}), so -{layers + 1}..{layers}"]
 
 
 def _data(cfg: DictConfig) -> list[str]:
@@ -224,17 +233,23 @@ def _trainer(cfg: DictConfig) -> list[str]:
 
 def max_positions(cfg: DictConfig) -> tuple[int | None, str]:
     """The model's ``max_position_embeddings`` and where it was read (None when unknown)."""
+    return model_config_value(cfg, "max_position_embeddings")
+
+
+def model_config_value(cfg: DictConfig, key: str) -> tuple[int | None, str]:
+    """An integer of the model's config (``model.tiny`` or ``<model.path>/config.json``) and where it
+    was read; None when unknown."""
     m = cfg.model
     if m.path == "tiny":
-        return int(m.tiny.max_position_embeddings), "model.tiny.max_position_embeddings"
+        return int(m.tiny[key]), f"model.tiny.{key}"
     config_json = Path(m.path) / "config.json"
     if not config_json.is_file():
         return None, str(config_json)
     try:
-        value = json.loads(config_json.read_text()).get("max_position_embeddings")
+        value = json.loads(config_json.read_text()).get(key)
     except (ValueError, AttributeError):  # not a JSON object: named by validate_values.model_config
         return None, str(config_json)
-    return (int(value) if value is not None else None), f"{config_json} max_position_embeddings"
+    return (int(value) if value is not None else None), f"{config_json} {key}"
 
 
 def _lengths(cfg: DictConfig) -> list[str]:

@@ -55,7 +55,7 @@ TASK_KINDS = ("search", "calculate", "answer")
 
 
 # Bump when the generated text changes: cache keys (tiny tokenizer, cached data) include it.
-GENERATOR_VERSION = 3
+GENERATOR_VERSION = 4
 
 
 @dataclass(frozen=True)

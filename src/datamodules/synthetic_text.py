@@ -155,33 +155,61 @@ _CALC_TEMPLATES = {
         "Estimate monthly repayments on {x} at {r}% across {y} years.",
     ],
 }  # fmt: skip
+# Vague and answer templates are intents x phrasings, three phrasings per intent laid out in a row,
+# so the held-out third (index % 3 == 2) is a new phrasing of every intent: held-out prompts are new
+# sentences that a router must read by meaning ("joke", "math", a name), not new intents no
+# training prompt ever had (a 0.69 M model cannot know that "rhymes" means chit-chat from nothing).
 # vague templates per family: the family's kind of help, no tool, no values
 _VAGUE_TEMPLATES = {
     "search": [
-        "Look something up for me.", "Can you find some information online?", "I need a quick lookup.",
-        "Search for something for me.", "Find me some details.", "Check something on the internet for me.",
-        "Get me the latest info.", "Do a quick search.", "Find out something for me.",
+        "Look something up for me.", "Can you look a thing up?", "Please look something up online.",
+        "Search for something for me.", "Do a quick search.", "Run a quick search for me.",
+        "Find me some information online.", "Get me the latest info online.", "Find some details online.",
     ],
     "calculate": [
-        "Do some math for me.", "Work out a number for me.", "I need a quick calculation.",
-        "Crunch some numbers for me.", "Help me compute something.", "Can you figure out an amount?",
-        "Run a calculation for me.", "Do the arithmetic for me.", "Calculate something for me.",
+        "Do some math for me.", "Can you do a bit of math?", "Help me with some math.",
+        "Calculate something for me.", "Run a calculation for me.", "I need a quick calculation.",
+        "Crunch some numbers for me.", "Work out a number for me.", "Figure out some numbers for me.",
     ],
 }  # fmt: skip
-# (request, response) templates that need no tool
+# (request, response) templates that need no tool: 12 intents x 3 phrasings
 _ANSWER_TEMPLATES = [
     ("Hi, I'm {name}!", "Hello {name}! How can I help you today?"),
+    ("Hello there, my name is {name}.", "Hello {name}! How can I help you today?"),
+    ("Hey, {name} here, nice to meet you.", "Hello {name}! How can I help you today?"),
     ("Good morning, this is {name}.", "Good morning, {name}! What can I do for you?"),
+    ("Morning! It's {name} again.", "Good morning, {name}! What can I do for you?"),
+    ("Good evening, {name} speaking.", "Good evening, {name}! What can I do for you?"),
     ("Thanks for your help, said {name}.", "You're welcome! Let me know if you need anything else."),
+    ("Thank you so much, from {name}.", "You're welcome! Let me know if you need anything else."),
+    ("Many thanks, {name} says.", "You're welcome! Let me know if you need anything else."),
     ("Tell me a joke about {animal}.", "Why are {animal} so calm? They never rush a punchline."),
+    ("Do you know a funny joke about {animal}?", "Why are {animal} so calm? They never rush a punchline."),
+    ("Make me laugh with a joke about {animal}.", "Why are {animal} so calm? They never rush a punchline."),
     ("Write a short poem about {thing}.", "Here is a short poem about {thing}: it stays with me."),
+    ("Compose a little poem on {thing}.", "Here is a short poem about {thing}: it stays with me."),
+    ("I'd love a poem about {thing}.", "Here is a short poem about {thing}: it stays with me."),
     ("What is the opposite of {word}?", "The opposite of {word} is its antonym; happy to explain."),
+    ("Give me the opposite of {word}.", "The opposite of {word} is its antonym; happy to explain."),
+    ("Which word is the opposite of {word}?", "The opposite of {word} is its antonym; happy to explain."),
     ("Give me a fun fact about {animal}.", "A fun fact: {animal} are more curious than they look."),
+    ("Share a fun fact on {animal}.", "A fun fact: {animal} are more curious than they look."),
+    ("Tell me a fun fact about {animal}.", "A fun fact: {animal} are more curious than they look."),
     ("Say something kind to {name}.", "{name}, you are doing great. Keep it up!"),
+    ("Please say a kind word to {name}.", "{name}, you are doing great. Keep it up!"),
+    ("Send {name} something kind.", "{name}, you are doing great. Keep it up!"),
     ("What rhymes with {word}?", "Several words rhyme with {word}; try a rhyming list."),
+    ("Give me a rhyme for {word}.", "Several words rhyme with {word}; try a rhyming list."),
+    ("Which words rhyme with {word}?", "Several words rhyme with {word}; try a rhyming list."),
     ("Describe {thing} in one sentence.", "In one sentence: {thing} is calm, bright and full of life."),
+    ("Sum up {thing} in one sentence.", "In one sentence: {thing} is calm, bright and full of life."),
+    ("Describe {thing} briefly.", "In one sentence: {thing} is calm, bright and full of life."),
     ("I feel {word} today.", "Thanks for sharing that you feel {word}. Want to talk about it?"),
+    ("Today I am feeling {word}.", "Thanks for sharing that you feel {word}. Want to talk about it?"),
+    ("I'm feeling so {word} today.", "Thanks for sharing that you feel {word}. Want to talk about it?"),
     ("Do you like {animal}?", "I think {animal} are wonderful creatures."),
+    ("Are you a fan of {animal}?", "I think {animal} are wonderful creatures."),
+    ("What do you think of {animal}?", "I think {animal} are wonderful creatures."),
 ]  # fmt: skip
 _PREFIXES = ("", "Please, ", "Quick question: ", "Hey, ", "If you can, ", "Hi! ")
 _SUFFIXES = ("", " Thanks!", " Please.", " Right now if possible.", " Cheers.")

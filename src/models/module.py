@@ -133,20 +133,23 @@ class ToolRouterModule(pl.LightningModule):
     ) -> torch.Tensor:
         """Router logits [P, 3] for left-padded prompts [P, Lp]."""
         prompt_ids, prompt_mask = prompt_ids.to(self.device), prompt_mask.to(self.device)
-        track = grad and not self.router_cfg.detach_backbone
+        hidden = self.router_hidden(prompt_ids, prompt_mask, grad and not self.router_cfg.detach_backbone)
+        with torch.set_grad_enabled(grad):
+            return self.router_head(hidden, prompt_mask)
+
+    def router_hidden(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, track: bool = False):
+        """The backbone's hidden states [P, Lp, H] the router head pools (``router.hidden_layer``)."""
         with torch.set_grad_enabled(track):
             # Through the actor's own forward (not its decoder's): sharding wrappers (FSDP2, ZeRO-3)
             # gather the weights in that forward's hooks. One logit row keeps the LM head's cost
             # nil; the last hidden state is the decoder's, bit for bit.
-            hidden = self.actor(
+            return self.actor(
                 input_ids=prompt_ids,
                 attention_mask=prompt_mask,
                 position_ids=position_ids(prompt_mask),
                 output_hidden_states=True,
                 logits_to_keep=1,
-            ).hidden_states[-1]
-        with torch.set_grad_enabled(grad):
-            return self.router_head(hidden, prompt_mask)
+            ).hidden_states[self.router_cfg.hidden_layer]
 
     # ------------------------------------------------------------------ setup
     def setup(self, stage: str) -> None:

@@ -172,7 +172,7 @@ class RolloutPipeline:
         """Validation rollouts: the eval sampling (greedy, one per prompt by default)."""
         if self.eval_sampling is None:
             raise ValueError("validation needs rollout eval sampling (single-turn collectors only)")
-        return self._collect(CollectRequest(records, step, lam, self.eval_sampling))
+        return self._collect(CollectRequest(records, step, lam, self.eval_sampling, argmax_routes=True))
 
     def _collector_fn(self, step: int, lam: float) -> CollectFn:
         def collect(rows: list[dict[str, Any]], sampling: SamplingParams | None) -> RolloutBatch:

@@ -20,6 +20,8 @@ class CollectRequest:
     sampling: this call's sampling (evaluation, a curriculum lesson); None = the collector's own.
         Episode collectors sample at their own per-episode temperatures and refuse a sampling.
     generator: seeds the router's sampling (None: unseeded).
+    argmax_routes: every row takes the router's most likely route (validation: the router's
+        decision, as greedy decoding is the actor's), not a draw.
     """
 
     records: list[dict[str, Any]]
@@ -27,6 +29,7 @@ class CollectRequest:
     lam: float = 0.0
     sampling: SamplingParams | None = None
     generator: torch.Generator | None = None
+    argmax_routes: bool = False
 
 
 @runtime_checkable

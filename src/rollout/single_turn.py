@@ -133,7 +133,8 @@ class SingleTurnCollector:
         records, step, generator = request.records, request.step, request.generator
         sampling = request.sampling or self.sampling
         contexts = [record_context(r, self.families, with_label=self.router.enable) for r in records]
-        decision = self.route(records, sampling.n, generator)
+        sample_routes = self.router.sample and not request.argmax_routes
+        decision = self.route(records, sampling.n, generator, sample_routes)
         generation = self.generate(records, contexts, decision, sampling)
         t0 = time.perf_counter()
         row_contexts = [ctx for ctx in contexts for _ in range(sampling.n)]
@@ -147,7 +148,7 @@ class SingleTurnCollector:
         return batch
 
     def route(
-        self, records: list[dict], copies: int, generator: torch.Generator | None
+        self, records: list[dict], copies: int, generator: torch.Generator | None, sample: bool
     ) -> RouteDecision | None:
         """The router's decision for each of the P·copies rows; None when the router is off."""
         if not self.router.enable:
@@ -155,7 +156,7 @@ class SingleTurnCollector:
         logits = router_logits(
             self.router_logits_fn, [r["prompt_ids"] for r in records], self.tokenizer.pad_token_id
         )
-        return decide_routes(logits, copies, self.router.sample, generator)
+        return decide_routes(logits, copies, sample, generator)
 
     def generate(
         self,

@@ -68,8 +68,11 @@ class RouterHead(nn.Module):
 
     def forward(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """hidden [B, L, H], attention_mask [B, L] -> logits [B, 3]."""
-        rep = prompt_representation(hidden, attention_mask, self.pooling, self.tail_tokens)
-        return self.mlp(rep.to(self.mlp[1].weight.dtype))
+        return self.mlp(self.represent(hidden, attention_mask).to(self.mlp[1].weight.dtype))
+
+    def represent(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """The MLP's input [B, H]: the prompt's pooled hidden states."""
+        return prompt_representation(hidden, attention_mask, self.pooling, self.tail_tokens)
 
     @staticmethod
     def act(

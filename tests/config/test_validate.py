@@ -27,6 +27,13 @@ def keys(found: list[str]) -> list[str]:
     return [p.split(":")[0].split("=")[0].split(" ")[0] for p in found]
 
 
+def test_router_hidden_layer_within_the_model():
+    for k in (-3, -1, 0, 2):
+        assert "router.hidden_layer" not in keys(
+            problems(f"router.hidden_layer={k}", base="experiment=router_grpo")
+        )
+
+
 @pytest.mark.parametrize(
     "override, key",
     [
@@ -96,6 +103,8 @@ def test_prompts_split_evenly_over_devices():
         (["router.lambda_kp=-1"], "router.lambda_kp"),
         (["router.lambda_kd=-0.5"], "router.lambda_kd"),
         (["router.lambda_cost_ema=1.0"], "router.lambda_cost_ema"),
+        (["router.hidden_layer=3"], "router.hidden_layer"),  # the tiny model has 2 layers
+        (["router.hidden_layer=-4"], "router.hidden_layer"),
     ],
 )
 def test_router_budget_and_lambda_ranges(overrides, key):

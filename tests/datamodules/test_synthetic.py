@@ -257,3 +257,23 @@ def test_low_gain_rows_are_vague_requests_and_every_row_lists_both_tool_families
     assert n_texts >= 150, n_texts
     with pytest.raises(ValueError, match="low_gain"):
         generate_rlla_rows(5, seed=0, low_gain=1.5)
+
+
+def test_every_held_out_phrasing_belongs_to_an_intent_with_training_phrasings():
+    """Held-out answer and vague requests are new phrasings of intents training prompts have (the
+    router must read meaning, not meet an intent no training prompt ever had): templates come in
+    consecutive triples, one intent each (same slot, same kind of reply), the third held out."""
+    import re
+
+    from src.datamodules.synthetic_text import _ANSWER_TEMPLATES, _VAGUE_TEMPLATES, _split_indices
+
+    assert len(_ANSWER_TEMPLATES) % 3 == 0 and len(_ANSWER_TEMPLATES) >= 30
+    test = _split_indices(len(_ANSWER_TEMPLATES), "test")
+    assert test == list(range(2, len(_ANSWER_TEMPLATES), 3))
+    for k in range(0, len(_ANSWER_TEMPLATES), 3):
+        triple = _ANSWER_TEMPLATES[k : k + 3]
+        assert len({tuple(re.findall(r"{\w+}", request)) for request, _ in triple}) == 1, triple
+        assert len({response.split()[0] for _, response in triple}) == 1, triple
+    for family, templates in _VAGUE_TEMPLATES.items():
+        test = _split_indices(len(templates), "test")
+        assert len(templates) % 3 == 0 and test == list(range(2, len(templates), 3)), family

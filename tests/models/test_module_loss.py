@@ -6,7 +6,7 @@ import copy
 import pytest
 import torch
 
-from src.config.schema import AlgorithmConfig, OptimConfig, RouterHeadConfig
+from src.config.schema import AlgorithmConfig, DualSettings, OptimConfig, RouterHeadConfig
 from src.models.module import ToolRouterModule
 from src.rollout.batch import PromptBatch, RolloutBatch, assemble_sequences
 from src.rollout.engines.hf import HFGenerateEngine
@@ -188,3 +188,32 @@ def test_non_finite_metrics_are_logged_and_named_in_a_warning(tiny, caplog):
     warned = " ".join(r.getMessage() for r in caplog.records)
     assert "train/pg_loss is nan at step 0" in warned and "rollout/odd is inf at step 0" in warned
     assert "train/entropy" not in warned
+
+
+@pytest.mark.parametrize("layer", [0, -1])
+def test_router_reads_the_configured_hidden_layer(tiny, layer):
+    """``router.hidden_layer`` 0 pools the input embeddings, -1 the last layer's (normed) states."""
+    model, tok = copy.deepcopy(tiny[0]).eval(), tiny[1]
+    cfg = RouterHeadConfig(enable=True, pooling="tail", tail_tokens=4, hidden_layer=layer)
+    algo = AlgorithmConfig(use_kl_loss=False)
+    module = ToolRouterModule(model, algo, OptimConfig(), cfg, dual=DualSettings())
+    rows = prompts(tok)
+    width = max(map(len, rows))
+    ids = torch.tensor([[tok.pad_token_id] * (width - len(r)) + r for r in rows])
+    mask = (ids != tok.pad_token_id).long()
+    for i, r in enumerate(rows):  # left padding, even where a prompt holds the pad id
+        mask[i] = (torch.arange(width) >= width - len(r)).long()
+    with torch.no_grad():
+        got = module.router_logits(ids, mask)
+        if layer == 0:
+            hidden = model.get_input_embeddings()(ids)
+        else:
+            pos = (mask.cumsum(-1) - 1).clamp(min=0)
+            hidden = model(input_ids=ids, attention_mask=mask, position_ids=pos, output_hidden_states=True)
+            hidden = hidden.hidden_states[-1]
+        want = module.router_head(hidden, mask)
+    torch.testing.assert_close(got, want)
+    other = 0 if layer == -1 else -1
+    module.router_cfg.hidden_layer = other
+    with torch.no_grad():
+        assert not torch.allclose(module.router_logits(ids, mask), got)  # the layer matters

@@ -108,3 +108,25 @@ def test_unrouted_collect_with_greedy_eval_sampling(tiny):
         ids = batch.input_ids[i, :width][batch.attention_mask[i, :width].bool()].tolist()
         assert ids == records[i]["prompt_ids"]
     torch.testing.assert_close(batch.rewards, torch.tensor([r["reward_task"] for r in batch.rows]))
+
+
+def test_validation_takes_the_routers_argmax_routes(tiny):
+    """A sampling router draws routes in training; ``argmax_routes`` (validation) takes its choice."""
+    _, tok = tiny
+    records = make_records(tok)
+    col = collector(tiny, router=True)
+    col.router.sample = True
+    col.router_logits_fn = lambda ids, mask: torch.tensor([[0.0, 0.5, 0.8], [0.6, 0.0, 0.3]])
+    drawn, chosen = set(), set()
+    for seed in range(8):
+        request = CollectRequest(records, step=0, generator=torch.Generator().manual_seed(seed))
+        drawn.add(tuple(col.route(records, 2, request.generator, True).action.tolist()))
+        argmax = CollectRequest(
+            records,
+            step=0,
+            sampling=SamplingParams(n=1, temperature=0.0, max_new_tokens=4),
+            generator=torch.Generator().manual_seed(seed),
+            argmax_routes=True,
+        )
+        chosen.add(tuple(col.collect(argmax).router.action.tolist()))
+    assert len(drawn) > 1 and chosen == {(2, 0)}

@@ -1,0 +1,153 @@
+"""Replay the router's learning on a frozen actor: seconds per seed where a run takes minutes.
+
+A run's checkpoint gives, once, each prompt's router input (the pooled hidden states the head
+reads) and its route table (``route_eval.route_table``: the greedy reward and cost under each
+route). A fresh head then learns from them with the run's own router settings: the same head,
+loss, advantage, entropy schedule, λ controller and optimizer, P prompts × G sampled routes per
+step. Left out: the actor changing under GRPO, and sampled (not greedy) responses. Used to choose
+the router's settings over many seeds before confirming them with real runs (README, "The router
+demo"); ``scripts/replay_router.py`` is the command.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from src.config.groups import RouterConfig
+from src.models.router_policy import RouterPolicy, initial_controller, lambda_window_step
+from src.rollout.batch import RouterRollout
+
+__all__ = ["ReplayTable", "replay", "replay_table"]
+
+ROUTE_KEYS = ("answer", "search", "calculate")
+LABELS = {"ANSWER": 0, "SEARCH": 1, "CALCULATE": 2}
+
+
+@dataclass
+class ReplayTable:
+    """inputs [N, H] the head's pooled inputs; reward, cost [N, 3] per route (answer, search,
+    calculate); label [N] weak label index (-1: MIXED or none)."""
+
+    inputs: torch.Tensor
+    reward: torch.Tensor
+    cost: torch.Tensor
+    label: torch.Tensor
+
+    def __post_init__(self):
+        n = self.inputs.shape[0]
+        if self.reward.shape != (n, 3) or self.cost.shape != (n, 3) or self.label.shape != (n,):
+            raise ValueError(
+                f"replay table shapes: inputs {tuple(self.inputs.shape)}, reward "
+                f"{tuple(self.reward.shape)}, cost {tuple(self.cost.shape)}, label {tuple(self.label.shape)}"
+            )
+
+
+@torch.no_grad()
+def replay_table(policy, records: Sequence, batch_size: int = 32) -> ReplayTable:
+    """The table of ``records`` (``RLLARecord``) under ``policy`` (``inference.Policy`` of a run)."""
+    from src.jobs.route_eval import route_table
+    from src.rollout.engines.types import left_pad
+
+    module, pad = policy.module, policy.tokenizer.pad_token_id
+    inputs = []
+    for start in range(0, len(records), batch_size):
+        ids, mask = left_pad(
+            [policy.prompt_ids(r.messages) for r in records[start : start + batch_size]], pad
+        )
+        ids, mask = ids.to(policy.device), mask.to(policy.device)
+        hidden = module.router_hidden(ids, mask)
+        head = module.router_head
+        inputs.append(head.represent(hidden, mask).float().cpu())
+    table = route_table(policy, records, batch_size, policy.reward_config)
+    return ReplayTable(
+        inputs=torch.cat(inputs),
+        reward=torch.tensor(table[[f"reward_{r}" for r in ROUTE_KEYS]].to_numpy(), dtype=torch.float32),
+        cost=torch.tensor(table[[f"cost_{r}" for r in ROUTE_KEYS]].to_numpy(), dtype=torch.float32),
+        label=torch.tensor([LABELS.get(str(x), -1) for x in table["weak_label"]]),
+    )
+
+
+class _Learner:
+    """A fresh head, its optimizer and its route draws (one generator), on one table."""
+
+    def __init__(self, table: ReplayTable, cfg: RouterConfig, seed: int, group: int):
+        torch.manual_seed(seed)  # the head's initial weights
+        self.table, self.group = table, group
+        self.gen = torch.Generator().manual_seed(seed)
+        self.head = RouterPolicy(table.inputs.shape[1], cfg)
+        self.opt = torch.optim.AdamW(self.head.parameters(), lr=cfg.lr, weight_decay=0.0)
+
+    def logits(self, inputs: torch.Tensor) -> torch.Tensor:
+        return self.head.mlp(inputs.to(self.head.mlp[1].weight.dtype))
+
+    def step(self, idx: torch.Tensor, lam: float, step: int):
+        """One router update on prompts ``idx``; returns the rows' (route, cost, r_task)."""
+        t, head = self.table, self.head
+        logits = self.logits(t.inputs[idx])
+        rows = torch.arange(len(idx)).repeat_interleave(self.group)
+        probs = torch.softmax(logits.detach().float(), -1)[rows]
+        action = torch.multinomial(probs, 1, generator=self.gen).squeeze(-1)
+        r_task, cost = t.reward[idx][rows, action], t.cost[idx][rows, action]
+        rollout = RouterRollout(
+            prompt_ids=None, prompt_mask=None, prompt_index=rows, action=action,
+            log_prob=torch.zeros(len(rows)), reward=r_task - lam * cost, cost=cost,
+            target=torch.full((len(rows),), -1),
+        )  # fmt: skip
+        loss, _ = head.loss(logits, rollout, idx[rows].tolist(), step)
+        self.opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)  # the run's algorithm.grad_clip default
+        self.opt.step()
+        return action, cost, r_task
+
+
+def _accuracy(labels: np.ndarray, routes: np.ndarray) -> tuple[float, float, float]:
+    """(answer-labelled routed to answer, tool-routed labelled the route's family, tool rate)."""
+    answer = labels == 0
+    tool = (routes != 0) & (labels >= 0)
+    acc_answer = float((routes[answer] == 0).mean()) if answer.any() else float("nan")
+    acc_family = float((routes[tool] == labels[tool]).mean()) if tool.any() else float("nan")
+    return acc_answer, acc_family, float((routes != 0).mean())
+
+
+def replay(
+    train: ReplayTable, test: ReplayTable, cfg: RouterConfig, seed: int, steps: int, shape=(8, 4)
+) -> dict[str, float]:
+    """Train a fresh head for ``steps`` steps of ``shape`` = (prompts, routes per prompt) on
+    ``train`` (prompts in a seeded order, epoch after epoch); λ by ``cfg``'s controller.
+
+    Returns the last 50 steps' mean cost, λ range and training accuracies, and the final head's
+    greedy accuracies and tool rate on ``test``.
+    """
+    n_prompts, group = shape
+    learner = _Learner(train, cfg, seed, group)
+    lam = torch.tensor(float(cfg.lambda_init), dtype=torch.float64)
+    window, controller = torch.zeros(4, dtype=torch.float64), initial_controller(cfg.lambda_init)
+    order = torch.randperm(len(train.label), generator=learner.gen)
+    trace = []
+    for step in range(steps):
+        idx = order[(torch.arange(n_prompts) + step * n_prompts) % len(order)]
+        action, cost, r_task = learner.step(idx, float(lam), step)
+        totals = torch.tensor([float(cost.sum()), float(r_task.sum()), float(len(cost))], dtype=torch.float64)
+        lambda_window_step(lam, window, controller, totals, cfg)
+        trace.append((float(cost.mean()), float(lam), train.label[idx].repeat_interleave(group), action))
+    last = trace[-50:]
+    labels = torch.cat([t[2] for t in last]).numpy()
+    routes = torch.cat([t[3] for t in last]).numpy()
+    with torch.no_grad():
+        greedy = learner.logits(test.inputs).argmax(-1).numpy()
+    train_acc, test_acc = _accuracy(labels, routes), _accuracy(test.label.numpy(), greedy)
+    return {
+        "cost_last50": float(np.mean([t[0] for t in last])),
+        "lambda_min": min(t[1] for t in last),
+        "lambda_max": max(t[1] for t in last),
+        "train_acc_answer": train_acc[0],
+        "train_acc_family": train_acc[1],
+        "test_acc_answer": test_acc[0],
+        "test_acc_family": test_acc[1],
+        "test_tool_rate": test_acc[2],
+    }

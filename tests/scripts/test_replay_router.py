@@ -1,0 +1,79 @@
+"""scripts/replay_router.py and src.jobs.router_replay: the router's learning replayed on a frozen
+actor's route table, with the real head, loss and λ controller."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from jobhelpers import REPO
+
+from src.config.groups import RouterConfig
+from src.jobs.router_replay import ReplayTable, replay
+
+
+def bandit_table(n: int, seed: int) -> ReplayTable:
+    """Prompts with a class-revealing input: 40 % ANSWER (answer pays 1, a tool 0), 30 % SEARCH and
+    30 % CALCULATE (answer -3, own family -1, other family -2); a tool route costs 1."""
+    g = torch.Generator().manual_seed(seed)
+    label = torch.multinomial(torch.tensor([0.4, 0.3, 0.3]), n, replacement=True, generator=g)
+    inputs = torch.nn.functional.one_hot(label, 3).float() + 0.3 * torch.randn(n, 3, generator=g)
+    reward = torch.zeros(n, 3)
+    reward[label == 0] = torch.tensor([1.0, 0.0, 0.0])
+    reward[label == 1] = torch.tensor([-3.0, -1.0, -2.0])
+    reward[label == 2] = torch.tensor([-3.0, -2.0, -1.0])
+    cost = torch.tensor([0.0, 1.0, 1.0]).expand(n, 3).clone()
+    return ReplayTable(inputs, reward, cost, label)
+
+
+@pytest.mark.parametrize("budget", [0.3, 0.5])
+def test_replay_holds_the_budget_and_routes_by_label(budget):
+    """Tools gain 2 over answer on tool prompts, so λ settles near 2 and the budget decides how many
+    tool prompts get a tool; ANSWER prompts stay on answer and tool routes take the own family."""
+    cfg = RouterConfig(
+        enable=True, pooling="tail", mlp_hidden=32, lr=3e-3, budget=budget, lambda_init=1.0,
+        lambda_lr=0.15, lambda_update="pid", lambda_kp=2.0, lambda_cost_ema=0.8,
+        entropy_coef=0.3, entropy_coef_final=0.1, entropy_decay_steps=200, norm_adv_by_std=False,
+    )  # fmt: skip
+    out = replay(bandit_table(2048, 0), bandit_table(256, 1), cfg, seed=0, steps=400)
+    assert abs(out["cost_last50"] - budget) <= 0.05, out
+    assert out["train_acc_answer"] >= 0.9 and out["train_acc_family"] >= 0.9, out
+    assert out["test_acc_answer"] >= 0.9 and out["test_acc_family"] >= 0.9, out
+    assert 1.0 < out["lambda_min"] <= out["lambda_max"] < 3.5, out
+
+
+def test_replay_table_shapes_are_checked():
+    with pytest.raises(ValueError, match="replay table shapes"):
+        ReplayTable(torch.zeros(4, 8), torch.zeros(4, 3), torch.zeros(4, 2), torch.zeros(4))
+
+
+def test_replay_script_on_a_real_run(router_run, tmp_path):
+    """The table comes from the run's checkpoint (router inputs equal what its head reads), is cached,
+    and one JSON line per seed comes back."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(router_run, run)
+    cmd = [sys.executable, str(REPO / "scripts" / "replay_router.py"), "--run", str(run), "--limit", "8"]
+    cmd += ["--seeds", "0,1", "--steps", "3", "router.budget=0.2"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [x["seed"] for x in lines] == [0, 1] and all("cost_last50" in x for x in lines)
+    train = torch.load(run / "replay" / "train-8.pt")
+    assert train["inputs"].shape[0] == 8 and train["reward"].shape == (8, 3)
+    assert set(train["cost"][:, 0].tolist()) == {0.0}  # the answer route calls no tool
+
+    from src.datamodules.schema import read_rlla_parquet
+    from src.jobs.build import data_files
+    from src.jobs.inference import load_router_policy
+
+    policy = load_router_policy(run, device="cpu")
+    records = read_rlla_parquet(data_files(policy.config)[0][0])[0][:8]
+    with torch.no_grad():
+        want = policy.route_logits([r.messages for r in records])
+        got = policy.module.router_head.mlp(train["inputs"])
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
