@@ -1,9 +1,9 @@
 """A lean decode step for the Llama / Qwen2 family (``rollout.engines.hf.decode: lean``).
 
-On a small model on CPU the HF forward of one decode token is mostly its own machinery (mask
-creation, cache-update calls, the attention-interface dispatch, ~120 module calls), and its
-attention reads every row's copy of the prompt's keys and values although the G samples of a prompt
-share them. This step computes the same function with plain tensor ops on the module's own
+On a small model on CPU one decode token through the HF forward spends a third of its time in
+attention that reads every row's copy of the prompt's keys and values although the G samples of a
+prompt share them, and a fifth in ~160 small ops (mask creation, cache updates, RoPE and RMSNorm
+pieces); the rest is the linears (docs/benchmarks.md has the profile). This step computes the same function with plain tensor ops on the module's own
 parameters, read at call time (weight updates are live, nothing is copied):
 
 - the prompt's keys / values stay as the prefill wrote them, once per prompt ([P, kv, W, d]); the
