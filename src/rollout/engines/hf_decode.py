@@ -124,14 +124,7 @@ def hf_stepper(model, ids: torch.Tensor, attn: torch.Tensor, n: int, t_max: int)
     position, ``forward(tokens [P*n], j) -> logits [P*n, V]`` of generated slot j through the model)."""
     p, width = ids.shape
     cache = _static_cache(model, width + t_max)
-    logits = model(
-        input_ids=ids,
-        attention_mask=attn,
-        position_ids=positions(attn),
-        past_key_values=cache,
-        use_cache=True,
-        logits_to_keep=1,
-    ).logits[:, -1]
+    logits = _prefill(model, ids, attn, cache)
     _repeat_cache(cache, n)
     mask = torch.zeros((p * n, width + t_max), dtype=attn.dtype, device=ids.device)
     mask[:, :width] = attn.repeat_interleave(n, 0)
@@ -158,7 +151,13 @@ def lean_stepper(model, ids: torch.Tensor, attn: torch.Tensor, n: int, t_max: in
     from src.rollout.engines.hf_lean import LeanStep
 
     cache = DynamicCache()
-    logits = model(
+    logits = _prefill(model, ids, attn, cache)
+    return logits.repeat_interleave(n, 0), LeanStep(model, cache, attn, n, t_max)
+
+
+def _prefill(model, ids: torch.Tensor, attn: torch.Tensor, cache) -> torch.Tensor:
+    """The prompts [P, W] through the model into ``cache``; logits [P, V] of their last position."""
+    return model(
         input_ids=ids,
         attention_mask=attn,
         position_ids=positions(attn),
@@ -166,7 +165,6 @@ def lean_stepper(model, ids: torch.Tensor, attn: torch.Tensor, n: int, t_max: in
         use_cache=True,
         logits_to_keep=1,
     ).logits[:, -1]
-    return logits.repeat_interleave(n, 0), LeanStep(model, cache, attn, n, t_max)
 
 
 def _loop(forward, logits, step: DecodeStep, stop_check_every: int = 8):
