@@ -118,8 +118,15 @@ def calibrate_tool_threshold(probs: torch.Tensor, budget: float) -> float:
     k = math.floor(budget * len(p_tool) + 1e-9)  # prompts allowed a tool
     if k >= len(p_tool):
         return 0.0
+    if k == 0:  # above every p_tool there can be (1 - p_answer <= 1)
+        return math.nextafter(1.0, math.inf)
     cut = p_tool[k]  # the best prompt left out: the threshold must lie above it
-    return math.nextafter(cut, math.inf)
+    above = math.nextafter(cut, math.inf)
+    if p_tool[k - 1] <= above:  # a tie straddles the cut
+        return above
+    # midway to the worst prompt let in: the same prompts' p_tool computed in another batch layout
+    # (other padding, another summation order) moves by float noise and must not cross the cut
+    return max(above, cut + (p_tool[k - 1] - cut) / 2)
 
 
 def budget_routes(probs: torch.Tensor, threshold: float) -> torch.Tensor:

@@ -102,3 +102,6 @@ def test_threshold_routes_at_most_budget_and_no_fewer_without_ties(budget, dtype
     assert torch.equal(routes[routes != 0], family[routes != 0])
     with pytest.raises(ValueError, match="budget"):
         calibrate_tool_threshold(probs, 1.5)
+    # the same prompts read again in another batch layout: p_tool moves by float noise only
+    jitter = probs * (1 + 1e-6 * torch.randn(probs.shape, generator=torch.Generator().manual_seed(1), dtype=dtype))
+    assert torch.equal(budget_routes(jitter / jitter.sum(-1, keepdim=True), t), routes)
