@@ -1,5 +1,6 @@
 """The lean Llama / Qwen2 decode step (``decode=lean``) against the HF forward it replaces."""
 
+import contextlib
 import logging
 
 import pytest
@@ -67,6 +68,17 @@ def test_the_lean_step_gives_the_logits_of_the_hf_forward_at_every_position(mode
             assert torch.allclose(got, ref, atol=1e-5, rtol=1e-5), (j, (got - ref).abs().max())
 
 
+@contextlib.contextmanager
+def forward_calls(model):
+    """Counts the calls of ``model``'s own forward while the block runs (yields the growing list)."""
+    calls = []
+    hook = model.register_forward_hook(lambda *_: calls.append(1))
+    try:
+        yield calls
+    finally:
+        hook.remove()
+
+
 def _engine(model, settings, eos=(EOS,)):
     return HFGenerateEngine(model, PAD, list(eos), settings=settings)
 
@@ -80,12 +92,8 @@ def test_lean_greedy_tokens_equal_the_loop_and_the_hf_forward_runs_only_the_pref
     prompts = _prompts(model.config.vocab_size)
     sampling = SamplingParams(n=2, temperature=0.0, max_new_tokens=10)
     ref = _engine(model, LOOP, eos=[]).generate(prompts, sampling)
-    calls = []
-    hook = model.register_forward_hook(lambda *_: calls.append(1))
-    try:
+    with forward_calls(model) as calls:
         got = _engine(model, LEAN, eos=[]).generate(prompts, sampling)
-    finally:
-        hook.remove()
     assert got.token_lists() == ref.token_lists()
     assert all(len(t) == 10 for t in got.token_lists())
     assert len(calls) == 1  # one prefill; the 9 decode steps never entered the module's forward
@@ -112,14 +120,10 @@ def test_an_unsupported_model_decodes_through_the_hf_forward_and_says_why_once(c
     assert "rope_type 'linear'" in unsupported_reason(model)
     prompts = _prompts(model.config.vocab_size)
     sampling = SamplingParams(n=2, temperature=0.0, max_new_tokens=6)
-    calls = []
-    hook = model.register_forward_hook(lambda *_: calls.append(1))
-    try:
+    with forward_calls(model) as calls:
         with caplog.at_level(logging.INFO, logger="src.rollout.engines.hf_lean"):
             got = _engine(model, LEAN, eos=[]).generate(prompts, sampling)
             _engine(model, LEAN, eos=[]).generate(prompts, sampling)
-    finally:
-        hook.remove()
     assert len(calls) == 2 * 6  # prefill + 5 decode steps per call, all through the module
     assert got.token_lists() == _engine(model, LOOP, eos=[]).generate(prompts, sampling).token_lists()
     said = [r.getMessage() for r in caplog.records if "decoding through the HF forward" in r.getMessage()]
@@ -132,14 +136,10 @@ def test_a_lora_model_falls_back_to_the_hf_forward():
     base = _random_model("qwen2")
     model = get_peft_model(base, LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"]))
     assert unsupported_reason(model) == "a peft (LoRA) model"
-    calls = []
-    hook = model.register_forward_hook(lambda *_: calls.append(1))
-    try:
+    with forward_calls(model) as calls:
         _engine(model, LEAN, eos=[]).generate(
             _prompts(96), SamplingParams(n=2, temperature=0.0, max_new_tokens=4)
         )
-    finally:
-        hook.remove()
     assert len(calls) == 4  # prefill + 3 decode steps through the (LoRA) module
 
 
@@ -171,12 +171,8 @@ def test_sharded_weights_keep_the_hf_forward(tiny, monkeypatch):
 
     model, _ = tiny
     monkeypatch.setattr(hf, "sharding_of", lambda m: "fsdp2")  # fewer than 8 steps: no collective check
-    calls = []
-    hook = model.register_forward_hook(lambda *_: calls.append(1))
-    try:
+    with forward_calls(model) as calls:
         _engine(model, LEAN, eos=[]).generate(
             _prompts(96), SamplingParams(n=2, temperature=0.0, max_new_tokens=5)
         )
-    finally:
-        hook.remove()
     assert len(calls) == 5  # prefill + 4 decode steps through the module
