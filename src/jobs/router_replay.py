@@ -20,6 +20,8 @@ import torch
 from src.config.groups import RouterConfig
 from src.models.router_policy import RouterPolicy, initial_controller, lambda_window_step
 from src.rollout.batch import RouterRollout
+from src.rollout.metrics import route_accuracy
+from src.router.routing_eval import routing_metrics
 
 __all__ = ["ReplayTable", "replay", "replay_table"]
 
@@ -105,13 +107,14 @@ class _Learner:
         return action, cost, r_task
 
 
-def _accuracy(labels: np.ndarray, routes: np.ndarray) -> tuple[float, float, float]:
-    """(answer-labelled routed to answer, tool-routed labelled the route's family, tool rate)."""
-    answer = labels == 0
-    tool = (routes != 0) & (labels >= 0)
-    acc_answer = float((routes[answer] == 0).mean()) if answer.any() else float("nan")
-    acc_family = float((routes[tool] == labels[tool]).mean()) if tool.any() else float("nan")
-    return acc_answer, acc_family, float((routes != 0).mean())
+def _label_names(label: torch.Tensor) -> list[str]:
+    """Weak label indices back to their names (-1: MIXED), as the project's metrics take them."""
+    names = {v: k for k, v in LABELS.items()}
+    return [names.get(int(i), "MIXED") for i in label]
+
+
+def _nan(value: float | None) -> float:
+    return float("nan") if value is None else float(value)
 
 
 def replay(
@@ -136,18 +139,18 @@ def replay(
         lambda_window_step(lam, window, controller, totals, cfg)
         trace.append((float(cost.mean()), float(lam), train.label[idx].repeat_interleave(group), action))
     last = trace[-50:]
-    labels = torch.cat([t[2] for t in last]).numpy()
-    routes = torch.cat([t[3] for t in last]).numpy()
+    routes = [ROUTE_KEYS[int(a)] for a in torch.cat([t[3] for t in last])]
+    train_acc = route_accuracy(_label_names(torch.cat([t[2] for t in last])), routes)
     with torch.no_grad():
-        greedy = learner.logits(test.inputs).argmax(-1).numpy()
-    train_acc, test_acc = _accuracy(labels, routes), _accuracy(test.label.numpy(), greedy)
+        probs = torch.softmax(learner.logits(test.inputs).float(), -1)
+    test_acc = routing_metrics(probs, _label_names(test.label), greedy=True)
     return {
         "cost_last50": float(np.mean([t[0] for t in last])),
         "lambda_min": min(t[1] for t in last),
         "lambda_max": max(t[1] for t in last),
-        "train_acc_answer": train_acc[0],
-        "train_acc_family": train_acc[1],
-        "test_acc_answer": test_acc[0],
-        "test_acc_family": test_acc[1],
-        "test_tool_rate": test_acc[2],
+        "train_acc_answer": _nan(train_acc[0]),
+        "train_acc_family": _nan(train_acc[1]),
+        "test_acc_answer": _nan(test_acc.get("route_acc_answer")),
+        "test_acc_family": _nan(test_acc.get("route_acc_family")),
+        "test_tool_rate": _nan(test_acc.get("tool_rate")),
     }
