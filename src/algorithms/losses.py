@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from src.algorithms.registry import Registry
+from src.algorithms.token_stats import chunked_log_probs_and_entropy
 
 __all__ = ["KL_ESTIMATORS", "router_loss", "token_log_probs_and_entropy"]
 
@@ -48,18 +49,11 @@ def token_log_probs_and_entropy(
         temperature: None (1), a float, or [B] per-row sampling temperatures; must be > 0.
     Returns:
         (log_probs [B, T], entropy [B, T]) in float32.
+
+    Computed in chunks with a hand-written backward (``src.algorithms.token_stats``): no [B, T, V]
+    temporary besides the logits' own gradient.
     """
-    logits = logits.float()
-    if temperature is not None:
-        temp = torch.as_tensor(temperature, dtype=logits.dtype, device=logits.device)
-        if bool((temp <= 0).any()):
-            raise ValueError("token_log_probs_and_entropy: temperatures must be > 0")
-        logits = logits / (temp[:, None, None] if temp.dim() == 1 else temp)
-    log_z = torch.logsumexp(logits, dim=-1)
-    log_probs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_z
-    probs = torch.softmax(logits, dim=-1)
-    entropy = log_z - (probs * logits).sum(-1)
-    return log_probs, entropy
+    return chunked_log_probs_and_entropy(logits, targets, temperature)
 
 
 def router_loss(

@@ -3,9 +3,10 @@
 A training batch holds G responses per prompt: ``[prompt | response]`` rows with the prompt
 left-padded to P and the response right-padded to T. The plain forward runs all N = Σ G rows over
 P + T tokens, so every prompt goes through the model G times. The shared forward runs each unique
-prompt once with a ``DynamicCache``, selects the cache rows of every response
+prompt but its last token once with a ``DynamicCache``, selects the cache rows of every response
 (``DynamicCache.batch_select_indices``, an index into the key/value tensors, so gradients flow back
-into the one prompt pass), then runs only the response tokens on top of that cache.
+into the one prompt pass), then runs the last prompt token and the response tokens on top of that
+cache.
 
 Both return the logits that predict the T response tokens: position P - 1 (the last prompt token)
 predicts response token 0, position P + t - 1 predicts response token t, i.e. the plain forward's
@@ -53,6 +54,7 @@ def plain_response_logits(
     return out.logits[:, :-1]
 
 
+
 def _representatives(groups: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(first row of each group [U], group of each row as 0..U-1 [N]) for any group ids [N]."""
     _, inverse = torch.unique(groups, return_inverse=True)
@@ -78,13 +80,33 @@ def _uses_sliding_window(model) -> bool:
 
 def can_share(model, groups: torch.Tensor, prompt_len: int, width: int) -> bool:
     """Whether the shared forward applies and saves work (some group has two rows or more)."""
-    if prompt_len <= 0 or width <= 0 or groups.numel() == 0:
+    if prompt_len <= 1 or width <= 0 or groups.numel() == 0:  # the prompt pass needs a token
         return False
     if model.training and _checkpointing(model):
         return False
     if _uses_sliding_window(model):
         return False
     return int(torch.unique(groups).numel()) < groups.shape[0]
+
+
+def _spread_cache(cache, inverse: torch.Tensor) -> None:
+    """Give each row its group's prompt keys / values: [U, ...] -> [N, ...] in every layer.
+
+    Rows in equal runs per group (the minibatches sort by group; GRPO groups are equal) take a
+    broadcast, whose backward is a sum over the group's rows; otherwise an index
+    (``DynamicCache.batch_select_indices``), whose backward is an accumulating scatter (~5 ms per
+    layer and tensor at 4 prompts x 500 tokens on CPU).
+    """
+    n_groups = int(inverse[-1]) + 1 if inverse.numel() else 0
+    size = inverse.numel() // max(n_groups, 1)
+    runs = torch.arange(n_groups, device=inverse.device).repeat_interleave(size)
+    if size * n_groups != inverse.numel() or not torch.equal(inverse, runs):
+        cache.batch_select_indices(inverse)
+        return
+    for layer in cache.layers:
+        for name in ("keys", "values"):
+            t = getattr(layer, name)
+            setattr(layer, name, t[:, None].expand(t.shape[0], size, *t.shape[1:]).reshape(-1, *t.shape[1:]))
 
 
 def shared_prompt_logits(
@@ -101,7 +123,7 @@ def shared_prompt_logits(
     input_ids, attention_mask, position_ids: [N, P + T], prompts left-padded to P, responses
         right-padded to T = ``width``; position ids as the plain forward gets them.
     groups: [N] any ids; rows with equal ids must have the same prompt (``prompt_groups``).
-    Returns [N, T, V]: entry t predicts response token t (same values as ``plain_response_logits``).
+    Returns [N, T, V]: entry t predicts response token t (same values as ``plain_response_logits``);
     """
     total = input_ids.shape[1]
     prompt_len = total - width
@@ -110,32 +132,33 @@ def shared_prompt_logits(
     from transformers import DynamicCache
 
     first, inverse = _representatives(groups.to(input_ids.device))
+    # The prompt pass caches all but the last prompt token; the response pass feeds that token
+    # with the responses, so its logits are the [N, T, V] result as they come (no concatenation
+    # of two vocabulary-sized pieces, which costs a full copy forward and backward).
+    cached = prompt_len - 1
     prompt = model(
-        input_ids=input_ids[first, :prompt_len],
-        attention_mask=attention_mask[first, :prompt_len],
-        position_ids=position_ids[first, :prompt_len],
+        input_ids=input_ids[first, :cached],
+        attention_mask=attention_mask[first, :cached],
+        position_ids=position_ids[first, :cached],
         past_key_values=DynamicCache(),
         use_cache=True,
         logits_to_keep=1,
     )
     cache = getattr(prompt, "past_key_values", None)
-    if cache is None or cache.get_seq_length() != prompt_len:
+    if cache is None or cache.get_seq_length() != cached:
         log.warning(
             "the model returned no usable KV cache: shared-prompt forward falls back to the plain one"
         )
         return plain_response_logits(model, input_ids, attention_mask, position_ids, width)
-    last_prompt = prompt.logits[:, -1:][inverse]  # [N, 1, V] predicts response token 0
-    if width == 1:
-        return last_prompt
-    cache.batch_select_indices(inverse)  # [U, ...] -> [N, ...], differentiable
+    _spread_cache(cache, inverse)  # [U, ...] -> [N, ...], differentiable
     response = model(
-        input_ids=input_ids[:, prompt_len:-1],
+        input_ids=input_ids[:, cached:-1],
         attention_mask=attention_mask[:, :-1],
-        position_ids=position_ids[:, prompt_len:-1],
+        position_ids=position_ids[:, cached:-1],
         past_key_values=cache,
         use_cache=True,
     )
-    return torch.cat([last_prompt, response.logits], dim=1)
+    return response.logits
 
 
 def response_logits(

@@ -84,6 +84,31 @@ class DecodeStep:
     def pick(self, logp: torch.Tensor) -> torch.Tensor:
         return logp.argmax(-1) if self.greedy else draw(logp)
 
+    def sample(self, logits: torch.Tensor, t: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(token [N], its log-prob under the sampling distribution [N]; None when greedy) of step t.
+
+        ``logits`` [N, V] is this step's own tensor and may be overwritten. Without a nucleus cut the
+        draw skips the [N, V] log-softmax: the inverse CDF runs on exp(x - max) (unnormalised, the
+        uniform scaled by its total) and only the drawn token's log-prob is formed, x_tok - max -
+        log(total); same draws as ``draw(log_probs(...))`` up to rounding.
+        """
+        if self.greedy or self.sampling.top_p < 1.0:
+            logp = self.log_probs(logits, t)
+            tok = self.pick(logp)
+            return tok, (None if self.greedy else logp.gather(-1, tok[:, None]).squeeze(-1))
+        x = logits.float()
+        if self.sampling.temperature != 1.0:
+            x = x / self.sampling.temperature
+        if t < self.sampling.min_new_tokens and self.stop.numel():
+            x.index_fill_(-1, self.stop, float("-inf"))
+        top = x.amax(-1, keepdim=True)
+        cdf = (x - top).exp_().cumsum_(-1)
+        total = cdf[:, -1:]
+        u = torch.rand((cdf.shape[0], 1), device=cdf.device) * total
+        tok = torch.searchsorted(cdf, u, right=True).clamp_(max=cdf.shape[-1] - 1)
+        logp = (x.gather(-1, tok) - top - total.log()).squeeze(-1)
+        return tok.squeeze(-1), logp
+
     def all_stopped(self, done: torch.Tensor) -> bool:
         """The loop's one host sync (every few steps)."""
         running = (~done).any().to(torch.int32)
@@ -177,10 +202,9 @@ def _loop(forward, logits, step: DecodeStep, stop_check_every: int = 8):
     t = 0
     while t < t_max:
         running[t] = ~done.all()
-        logp = step.log_probs(logits, t)
-        tok = step.pick(logp)
-        if not step.greedy:
-            log_probs[:, t] = logp.gather(-1, tok[:, None]).squeeze(-1).masked_fill_(done, 0.0)
+        tok, logp = step.sample(logits, t)
+        if logp is not None:
+            log_probs[:, t] = logp.masked_fill_(done, 0.0)
         tok = tok.masked_fill_(done, pad_id)
         tokens[:, t] = tok
         done |= torch.isin(tok, step.stop)

@@ -4,8 +4,13 @@ On a small model on CPU one decode token through the HF forward spends a third o
 attention that reads every row's copy of the prompt's keys and values although the G samples of a
 prompt share them, and a fifth in ~160 small ops (mask creation, cache updates, RoPE and RMSNorm
 pieces); the rest is the linears (docs/benchmarks.md has the profile). This step computes the same function with plain tensor ops on the module's own
-parameters, read at call time (weight updates are live, nothing is copied):
+parameters, read when the step is built (once per generate call, so weight updates between calls
+are live):
 
+- the linears' weights are laid out once per call as one contiguous [in, out] matrix per product,
+  q / k / v fused into one and gate / up into one: a 16-row product with a row-major [in, out]
+  right operand runs 1.5-1.9x faster than ``F.linear`` on the [out, in] weight on CPU (the LM
+  head's 8k x 256 product 0.31 vs 0.45 ms), and one product replaces three (two);
 - the prompt's keys / values stay as the prefill wrote them, once per prompt ([P, kv, W, d]); the
   G samples' queries attend to them as one batch (G times less cache read per step), and to their
   own generated keys / values ([P, kv, G, T, d], written in place, one slot per step); one softmax
@@ -87,8 +92,32 @@ def _rms_norm(norm, x: torch.Tensor) -> torch.Tensor:
     return norm.weight * y.to(x.dtype)
 
 
-def _linear(module, x: torch.Tensor) -> torch.Tensor:
-    return F.linear(x, module.weight, module.bias)
+def _fused(*modules) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(W [in, sum of outs] contiguous, bias [sum of outs] or None) of linears that read one input."""
+    weight = torch.cat([m.weight for m in modules], dim=0).t().contiguous()
+    if all(m.bias is None for m in modules):
+        return weight, None
+    biases = [m.bias if m.bias is not None else m.weight.new_zeros(m.out_features) for m in modules]
+    return weight, torch.cat(biases)
+
+
+def _product(x: torch.Tensor, fused: tuple[torch.Tensor, torch.Tensor | None]) -> torch.Tensor:
+    weight, bias = fused
+    return x @ weight if bias is None else torch.addmm(bias, x, weight)
+
+
+class _LayerWeights:
+    """One decoder layer's products, laid out for the decode step (see the module docstring)."""
+
+    def __init__(self, layer):
+        attn, mlp = layer.self_attn, layer.mlp
+        self.qkv = _fused(attn.q_proj, attn.k_proj, attn.v_proj)
+        self.split = (attn.q_proj.out_features, attn.k_proj.out_features, attn.v_proj.out_features)
+        self.o = _fused(attn.o_proj)
+        self.gate_up = _fused(mlp.gate_proj, mlp.up_proj)
+        self.inter = mlp.gate_proj.out_features
+        self.down = _fused(mlp.down_proj)
+        self.attn, self.input_norm, self.post_norm = attn, layer.input_layernorm, layer.post_attention_layernorm
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
@@ -125,6 +154,8 @@ class LeanStep:
         )
         self.bias = bias[:, None, None, None, :]  # [P, 1, 1, 1, W]
         position = attn.sum(-1).repeat_interleave(n)[:, None] + torch.arange(t_max, device=attn.device)
+        self.layers = [_LayerWeights(layer) for layer in body.layers]
+        self.head = _fused(model.lm_head)
         cos, sin = body.rotary_emb(keys, position)  # [P*n, T, d]
         half = sin.shape[-1] // 2
         sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
@@ -133,22 +164,23 @@ class LeanStep:
     def __call__(self, tokens: torch.Tensor, j: int) -> torch.Tensor:
         body = self.model.model
         h = F.embedding(tokens, body.embed_tokens.weight)
-        for layer, prompt, gen in zip(body.layers, self.prompt_kv, self.gen_kv):
-            h = h + self._attention(layer.self_attn, _rms_norm(layer.input_layernorm, h), prompt, gen, j)
-            mlp, x = layer.mlp, _rms_norm(layer.post_attention_layernorm, h)
-            h = h + _linear(mlp.down_proj, F.silu(_linear(mlp.gate_proj, x)) * _linear(mlp.up_proj, x))
-        return _linear(self.model.lm_head, _rms_norm(body.norm, h))
+        for layer, prompt, gen in zip(self.layers, self.prompt_kv, self.gen_kv):
+            h = h + self._attention(layer, _rms_norm(layer.input_norm, h), prompt, gen, j)
+            gate, up = _product(_rms_norm(layer.post_norm, h), layer.gate_up).split(layer.inter, dim=-1)
+            h = h + _product(F.silu(gate) * up, layer.down)
+        return _product(_rms_norm(body.norm, h), self.head)
 
-    def _attention(self, attn, x, prompt, gen, j: int) -> torch.Tensor:
+    def _attention(self, layer: _LayerWeights, x, prompt, gen, j: int) -> torch.Tensor:
         (pk_t, pv), (gk, gv) = prompt, gen
         p, kv_heads, d, width = pk_t.shape
         rows, n, rep = x.shape[0], self.n, self.rep
         cos, sin = self.cos[j], self.sin[j]  # [rows, 1, d]
-        q = _rope(_linear(attn.q_proj, x).view(rows, -1, d), cos, sin) * attn.scaling
-        k = _rope(_linear(attn.k_proj, x).view(rows, kv_heads, d), cos, sin)
+        q, k, v = _product(x, layer.qkv).split(layer.split, dim=-1)
+        q = _rope(q.reshape(rows, -1, d), cos, sin) * layer.attn.scaling
+        k = _rope(k.reshape(rows, kv_heads, d), cos, sin)
         # grouped layout [P, kv, n, ...]: query head h reads kv head h // rep (HF's repeat_kv)
         gk[:, :, :, j] = k.view(p, n, kv_heads, d).transpose(1, 2)
-        gv[:, :, :, j] = _linear(attn.v_proj, x).view(p, n, kv_heads, d).transpose(1, 2)
+        gv[:, :, :, j] = v.reshape(p, n, kv_heads, d).transpose(1, 2)
         qg = q.view(p, n, kv_heads, rep, d).transpose(1, 2)  # [P, kv, n, rep, d]
         own_k, own_v = gk[:, :, :, : j + 1], gv[:, :, :, : j + 1]
         on_prompt = torch.matmul(qg.reshape(p, kv_heads, n * rep, d), pk_t)
@@ -164,4 +196,4 @@ class LeanStep:
             p, kv_heads, n, rep, d
         )
         out = out + torch.matmul(probs[..., width:], own_v)
-        return _linear(attn.o_proj, out.transpose(1, 2).reshape(rows, -1))
+        return _product(out.transpose(1, 2).reshape(rows, -1), layer.o)

@@ -97,3 +97,26 @@ def test_loop_setting_refuses_the_generate_only_keys():
         HFEngineSettings(decode="loop", cache_implementation="static")
     with pytest.raises(ValueError, match="rollout.engines.hf.decode"):
         HFEngineSettings(decode="fast")
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_the_full_vocabulary_sample_draws_what_draw_draws_from_the_log_probs(temperature):
+    """``DecodeStep.sample`` without a nucleus skips the [N, V] log-softmax: same tokens under one
+    seed as ``draw(log_probs)``, the drawn token's log-prob that of the sampling distribution, and
+    the stop tokens held off before ``min_new_tokens``."""
+    from src.rollout.engines.hf_decode import DecodeStep
+
+    sampling = SamplingParams(n=1, temperature=temperature, max_new_tokens=4, min_new_tokens=2)
+    step = DecodeStep(sampling, [0, 3], pad_id=0, synced=False)
+    logits = torch.randn(64, 50, generator=torch.Generator().manual_seed(1)) * 3
+    logits[:, 3] = 20.0  # a stop token that would win every draw when allowed
+    for t in (0, 1, 2):
+        torch.manual_seed(t)
+        ref_logp = step.log_probs(logits.clone(), t)
+        ref_tok = draw(ref_logp)
+        torch.manual_seed(t)
+        tok, logp = step.sample(logits.clone(), t)
+        assert torch.equal(tok, ref_tok)
+        torch.testing.assert_close(logp, ref_logp.gather(-1, tok[:, None]).squeeze(-1), atol=1e-5, rtol=1e-5)
+        held_off = t < sampling.min_new_tokens
+        assert bool(torch.isin(tok, step.stop).any()) != held_off
