@@ -28,7 +28,7 @@ from src.algorithms.rollout_correction import logprob_abs_diff, rollout_is_weigh
 from src.config.schema import AlgorithmConfig, OptimConfig, RouterHeadConfig
 from src.models.router_policy import RouterPolicy, initial_controller, lambda_window_step
 from src.models.sharding import fully_shard_policy
-from src.models.shared_prefix import prompt_groups, response_logits
+from src.models.shared_prefix import prompt_groups, response_logit_pieces
 from src.models.step_stats import add_stat
 from src.rollout.batch import PromptBatch, RolloutBatch, step_draw
 from src.rollout.metrics import non_finite
@@ -209,8 +209,13 @@ class ToolRouterModule(pl.LightningModule):
         groups [n]: the rows' prompt groups; given, each group's prompt is run once
         (``src.models.shared_prefix``), else every row runs its whole sequence.
         """
-        logits = response_logits(model, ids, mask, position_ids(mask), width, groups)
-        logp, ent = token_log_probs_and_entropy(logits, ids[:, -width:], temperatures)
+        pieces = response_logit_pieces(model, ids, mask, position_ids(mask), width, groups)
+        targets, stats, start = ids[:, -width:], [], 0
+        for logits in pieces:  # each piece on its own: no concatenated [n, width, V] copy
+            stop = start + logits.shape[1]
+            stats.append(token_log_probs_and_entropy(logits, targets[:, start:stop], temperatures))
+            start = stop
+        logp, ent = (torch.cat(parts, dim=1) for parts in zip(*stats))
         return logp, (ent if entropy else None)
 
     def _prompt_groups(self, rb: RolloutBatch) -> torch.Tensor | None:

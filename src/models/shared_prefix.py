@@ -3,10 +3,9 @@
 A training batch holds G responses per prompt: ``[prompt | response]`` rows with the prompt
 left-padded to P and the response right-padded to T. The plain forward runs all N = Σ G rows over
 P + T tokens, so every prompt goes through the model G times. The shared forward runs each unique
-prompt but its last token once with a ``DynamicCache``, selects the cache rows of every response
-(``DynamicCache.batch_select_indices``, an index into the key/value tensors, so gradients flow back
-into the one prompt pass), then runs the last prompt token and the response tokens on top of that
-cache.
+prompt once with a ``DynamicCache``, gives every response its group's cache rows (a broadcast or an
+index into the key/value tensors, so gradients flow back into the one prompt pass), then runs only
+the response tokens on top of that cache.
 
 Both return the logits that predict the T response tokens: position P - 1 (the last prompt token)
 predicts response token 0, position P + t - 1 predicts response token t, i.e. the plain forward's
@@ -80,7 +79,7 @@ def _uses_sliding_window(model) -> bool:
 
 def can_share(model, groups: torch.Tensor, prompt_len: int, width: int) -> bool:
     """Whether the shared forward applies and saves work (some group has two rows or more)."""
-    if prompt_len <= 1 or width <= 0 or groups.numel() == 0:  # the prompt pass needs a token
+    if prompt_len <= 0 or width <= 0 or groups.numel() == 0:
         return False
     if model.training and _checkpointing(model):
         return False
@@ -109,6 +108,63 @@ def _spread_cache(cache, inverse: torch.Tensor) -> None:
             setattr(layer, name, t[:, None].expand(t.shape[0], size, *t.shape[1:]).reshape(-1, *t.shape[1:]))
 
 
+def shared_prompt_logit_pieces(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    groups: torch.Tensor,
+    width: int,
+) -> list[torch.Tensor]:
+    """Logits of the response tokens with each group's prompt processed once, in pieces along T.
+
+    model: an HF causal LM (or a peft wrapper of one) that takes ``past_key_values`` / ``use_cache``.
+    input_ids, attention_mask, position_ids: [N, P + T], prompts left-padded to P, responses
+        right-padded to T = ``width``; position ids as the plain forward gets them.
+    groups: [N] any ids; rows with equal ids must have the same prompt (``prompt_groups``).
+    Returns pieces whose concatenation along dim 1 is [N, T, V], entry t predicting response token t
+    (the values of ``plain_response_logits``): the last prompt position's logits [N, 1, V] and the
+    response pass's [N, T - 1, V], or one piece. Kept apart, a caller that reduces each position
+    (``token_log_probs_and_entropy``) never copies the two into one vocabulary-sized tensor.
+    """
+    total = input_ids.shape[1]
+    prompt_len = total - width
+    if not can_share(model, groups, prompt_len, width):
+        return [plain_response_logits(model, input_ids, attention_mask, position_ids, width)]
+    from transformers import DynamicCache
+
+    first, inverse = _representatives(groups.to(input_ids.device))
+    # The prompt pass ends at the last prompt token and its logits are used: under FSDP2 a module's
+    # pre-backward hook (which gathers its sharded weights) fires on its forward outputs, so the
+    # prompt pass's output must carry gradient, not only the keys / values in its cache.
+    prompt = model(
+        input_ids=input_ids[first, :prompt_len],
+        attention_mask=attention_mask[first, :prompt_len],
+        position_ids=position_ids[first, :prompt_len],
+        past_key_values=DynamicCache(),
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    cache = getattr(prompt, "past_key_values", None)
+    if cache is None or cache.get_seq_length() != prompt_len:
+        log.warning(
+            "the model returned no usable KV cache: shared-prompt forward falls back to the plain one"
+        )
+        return [plain_response_logits(model, input_ids, attention_mask, position_ids, width)]
+    last_prompt = prompt.logits[:, -1:][inverse]  # [N, 1, V] predicts response token 0
+    if width == 1:
+        return [last_prompt]
+    _spread_cache(cache, inverse)  # [U, ...] -> [N, ...], differentiable
+    response = model(
+        input_ids=input_ids[:, prompt_len:-1],
+        attention_mask=attention_mask[:, :-1],
+        position_ids=position_ids[:, prompt_len:-1],
+        past_key_values=cache,
+        use_cache=True,
+    )
+    return [last_prompt, response.logits]
+
+
 def shared_prompt_logits(
     model,
     input_ids: torch.Tensor,
@@ -117,59 +173,22 @@ def shared_prompt_logits(
     groups: torch.Tensor,
     width: int,
 ) -> torch.Tensor:
-    """Logits of the response tokens with each group's prompt processed once.
-
-    model: an HF causal LM (or a peft wrapper of one) that takes ``past_key_values`` / ``use_cache``.
-    input_ids, attention_mask, position_ids: [N, P + T], prompts left-padded to P, responses
-        right-padded to T = ``width``; position ids as the plain forward gets them.
-    groups: [N] any ids; rows with equal ids must have the same prompt (``prompt_groups``).
-    Returns [N, T, V]: entry t predicts response token t (same values as ``plain_response_logits``);
-    """
-    total = input_ids.shape[1]
-    prompt_len = total - width
-    if not can_share(model, groups, prompt_len, width):
-        return plain_response_logits(model, input_ids, attention_mask, position_ids, width)
-    from transformers import DynamicCache
-
-    first, inverse = _representatives(groups.to(input_ids.device))
-    # The prompt pass caches all but the last prompt token; the response pass feeds that token
-    # with the responses, so its logits are the [N, T, V] result as they come (no concatenation
-    # of two vocabulary-sized pieces, which costs a full copy forward and backward).
-    cached = prompt_len - 1
-    prompt = model(
-        input_ids=input_ids[first, :cached],
-        attention_mask=attention_mask[first, :cached],
-        position_ids=position_ids[first, :cached],
-        past_key_values=DynamicCache(),
-        use_cache=True,
-        logits_to_keep=1,
-    )
-    cache = getattr(prompt, "past_key_values", None)
-    if cache is None or cache.get_seq_length() != cached:
-        log.warning(
-            "the model returned no usable KV cache: shared-prompt forward falls back to the plain one"
-        )
-        return plain_response_logits(model, input_ids, attention_mask, position_ids, width)
-    _spread_cache(cache, inverse)  # [U, ...] -> [N, ...], differentiable
-    response = model(
-        input_ids=input_ids[:, cached:-1],
-        attention_mask=attention_mask[:, :-1],
-        position_ids=position_ids[:, cached:-1],
-        past_key_values=cache,
-        use_cache=True,
-    )
-    return response.logits
+    """[N, T, V] :func:`shared_prompt_logit_pieces` in one tensor."""
+    pieces = shared_prompt_logit_pieces(model, input_ids, attention_mask, position_ids, groups, width)
+    return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=1)
 
 
-def response_logits(
+def response_logit_pieces(
     model,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     position_ids: torch.Tensor,
     width: int,
     groups: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """[N, width, V] response logits: shared-prompt forward when ``groups`` is given, else plain."""
+) -> list[torch.Tensor]:
+    """Response logits in pieces along T (concatenated: [N, width, V]): shared-prompt forward when
+    ``groups`` is given, else plain (one piece)."""
     if groups is None:
-        return plain_response_logits(model, input_ids, attention_mask, position_ids, width)
-    return shared_prompt_logits(model, input_ids, attention_mask, position_ids, groups, width)
+        return [plain_response_logits(model, input_ids, attention_mask, position_ids, width)]
+    return shared_prompt_logit_pieces(model, input_ids, attention_mask, position_ids, groups, width)
+
