@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from src.algorithms.registry import Registry
-from src.algorithms.token_stats import chunked_log_probs_and_entropy
+from src.algorithms.token_stats import token_log_probs_and_entropy  # re-exported: chunked, own backward
 
 __all__ = ["KL_ESTIMATORS", "router_loss", "token_log_probs_and_entropy"]
 
@@ -36,24 +36,6 @@ def kl_k3(log_probs: torch.Tensor, ref_log_probs: torch.Tensor) -> torch.Tensor:
 
 
 KL_ESTIMATORS.register("low_var_kl")(kl_k3)
-
-
-def token_log_probs_and_entropy(
-    logits: torch.Tensor, targets: torch.Tensor, temperature: torch.Tensor | float | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-prob of ``targets`` and the full-distribution entropy at each position, of softmax(logits / T).
-
-    Args:
-        logits: [B, T, V] (already aligned: logits[:, t] predict targets[:, t]).
-        targets: [B, T] long.
-        temperature: None (1), a float, or [B] per-row sampling temperatures; must be > 0.
-    Returns:
-        (log_probs [B, T], entropy [B, T]) in float32.
-
-    Computed in chunks with a hand-written backward (``src.algorithms.token_stats``): no [B, T, V]
-    temporary besides the logits' own gradient.
-    """
-    return chunked_log_probs_and_entropy(logits, targets, temperature)
 
 
 def router_loss(

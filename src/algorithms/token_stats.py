@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["chunked_log_probs_and_entropy"]
+__all__ = ["token_log_probs_and_entropy"]
 
 # Elements of one fp32 chunk: on CPU ~4 MB, small enough to stay in cache across the few
 # elementwise passes of a chunk and large enough that per-op dispatch stays negligible; on a GPU
@@ -78,7 +78,7 @@ class _LogProbEntropy(torch.autograd.Function):
         return grad, None, None
 
 
-def chunked_log_probs_and_entropy(
+def token_log_probs_and_entropy(
     logits: torch.Tensor, targets: torch.Tensor, temperature: torch.Tensor | float | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-prob of ``targets`` and the full-distribution entropy at each position, of softmax(logits / T).

@@ -53,7 +53,6 @@ def plain_response_logits(
     return out.logits[:, :-1]
 
 
-
 def _representatives(groups: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(first row of each group [U], group of each row as 0..U-1 [N]) for any group ids [N]."""
     _, inverse = torch.unique(groups, return_inverse=True)
@@ -191,4 +190,3 @@ def response_logit_pieces(
     if groups is None:
         return [plain_response_logits(model, input_ids, attention_mask, position_ids, width)]
     return shared_prompt_logit_pieces(model, input_ids, attention_mask, position_ids, groups, width)
-

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from src.algorithms import token_stats
-from src.algorithms.token_stats import chunked_log_probs_and_entropy
+from src.algorithms.token_stats import token_log_probs_and_entropy
 
 
 def plain(logits, targets, temperature):
@@ -31,7 +31,7 @@ def test_values_and_gradients_match_plain_autograd(monkeypatch, chunk, temperatu
     up_lp, up_h = torch.randn(b, t, generator=g), torch.randn(b, t, generator=g)
 
     ours = logits.clone().requires_grad_()
-    logp, ent = chunked_log_probs_and_entropy(ours, targets, temp)
+    logp, ent = token_log_probs_and_entropy(ours, targets, temp)
     ((logp * up_lp).sum() + (ent * up_h).sum()).backward()
 
     ref = logits.double().requires_grad_()
@@ -48,23 +48,23 @@ def test_one_output_used_and_no_grad():
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(2, 4, 9, generator=g, requires_grad=True)
     targets = torch.randint(0, 9, (2, 4), generator=g)
-    logp, _ = chunked_log_probs_and_entropy(logits, targets, 1.5)
+    logp, _ = token_log_probs_and_entropy(logits, targets, 1.5)
     logp.sum().backward()  # the entropy's gradient is taken as zero
     ref = logits.detach().double().requires_grad_()
     plain(ref, targets, 1.5)[0].sum().backward()
     torch.testing.assert_close(logits.grad.double(), ref.grad, atol=1e-6, rtol=1e-5)
     with torch.no_grad():
-        lp, h = chunked_log_probs_and_entropy(logits, targets)
+        lp, h = token_log_probs_and_entropy(logits, targets)
     assert not lp.requires_grad and not h.requires_grad
 
 
 def test_bfloat16_logits_get_a_bfloat16_gradient():
     logits = torch.randn(2, 3, 8, dtype=torch.bfloat16, requires_grad=True)
-    logp, ent = chunked_log_probs_and_entropy(logits, torch.zeros(2, 3, dtype=torch.long))
+    logp, ent = token_log_probs_and_entropy(logits, torch.zeros(2, 3, dtype=torch.long))
     (logp.sum() + ent.sum()).backward()
     assert logp.dtype == torch.float32 and logits.grad.dtype == torch.bfloat16
 
 
 def test_non_positive_temperature_is_refused():
     with pytest.raises(ValueError, match="> 0"):
-        chunked_log_probs_and_entropy(torch.zeros(2, 1, 3), torch.zeros(2, 1, dtype=torch.long), torch.tensor([1.0, 0.0]))
+        token_log_probs_and_entropy(torch.zeros(2, 1, 3), torch.zeros(2, 1, dtype=torch.long), torch.tensor([1.0, 0.0]))
