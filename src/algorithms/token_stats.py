@@ -56,8 +56,7 @@ class _LogProbEntropy(torch.autograd.Function):
             x = logits[bs, ts].float() * inv_temp[bs, None, None]  # a fresh tensor: safe to modify
             lz = torch.logsumexp(x, dim=-1)
             picked[bs, ts] = x.gather(-1, targets[bs, ts, None]).squeeze(-1)
-            x.sub_(lz[..., None])  # log p
-            entropy[bs, ts] = -(x.exp() * x).sum(-1)
+            entropy[bs, ts] = lz - ((x - lz[..., None]).exp_() * x).sum(-1)  # log Z - Σ p x
             log_z[bs, ts] = lz
         ctx.save_for_backward(logits, targets, inv_temp, log_z, entropy)
         return picked - log_z, entropy
