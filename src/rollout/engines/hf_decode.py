@@ -38,9 +38,15 @@ def draw(log_probs: torch.Tensor, generator: torch.Generator | None = None) -> t
     Inverse CDF: the first token whose cumulative probability exceeds u * total (u uniform in
     [0, 1)); tokens of probability 0 are never drawn (their cumulative value equals the one before).
     """
-    cdf = log_probs.exp().cumsum(-1)
-    u = torch.rand((cdf.shape[0], 1), device=cdf.device, generator=generator) * cdf[:, -1:]
-    return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=cdf.shape[-1] - 1)
+    return _inverse_cdf(log_probs, generator)[0]
+
+
+def _inverse_cdf(log_weights: torch.Tensor, generator: torch.Generator | None = None):
+    """``draw`` from unnormalised log-weights [N, V] -> (tokens [N], the weights' totals [N, 1])."""
+    cdf = log_weights.exp().cumsum_(-1)
+    total = cdf[:, -1:]
+    u = torch.rand((cdf.shape[0], 1), device=cdf.device, generator=generator) * total
+    return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=cdf.shape[-1] - 1), total
 
 
 def _static_cache(model, max_len: int):
@@ -102,12 +108,8 @@ class DecodeStep:
         if t < self.sampling.min_new_tokens and self.stop.numel():
             x.index_fill_(-1, self.stop, float("-inf"))
         top = x.amax(-1, keepdim=True)
-        cdf = (x - top).exp_().cumsum_(-1)
-        total = cdf[:, -1:]
-        u = torch.rand((cdf.shape[0], 1), device=cdf.device) * total
-        tok = torch.searchsorted(cdf, u, right=True).clamp_(max=cdf.shape[-1] - 1)
-        logp = (x.gather(-1, tok) - top - total.log()).squeeze(-1)
-        return tok.squeeze(-1), logp
+        tok, total = _inverse_cdf(x - top)
+        return tok, (x.gather(-1, tok[:, None]) - top - total.log()).squeeze(-1)
 
     def all_stopped(self, done: torch.Tensor) -> bool:
         """The loop's one host sync (every few steps)."""
