@@ -8,8 +8,11 @@ reward / cost under every route: a few minutes on CPU); later calls reuse them. 
 run's ``router.*`` keys (``src.config.groups.RouterConfig``). One line per seed: the last 50 steps'
 mean cost and λ range, training accuracies, and the final head's greedy accuracies and tool rate on
 the held-out split, then whether the issue-19 targets hold (|cost − B| <= 0.05, held-out answer
-accuracy and family accuracy >= 0.9). What it leaves out (``src.jobs.router_replay``): the actor
-learning, and sampled responses. A setting it favours still needs real runs.
+accuracy and family accuracy >= 0.9). ``--inputs-from warm_start`` (or an HF model dir) replays on
+the router inputs of another backbone, the rewards unchanged: whether the representation or the
+router's own learning decides its held-out accuracy. What it leaves out
+(``src.jobs.router_replay``): the actor learning, and sampled responses. A setting it favours still
+needs real runs.
 """
 
 from __future__ import annotations
@@ -58,12 +61,56 @@ def tables(run: Path, limit: int):
     return out["train"], out["test"]
 
 
+def with_inputs_from(run: Path, source: str, train, test, limit: int):
+    """``(train, test)`` with the router inputs the run's head reads from another model's backbone:
+    ``warm_start`` (the run's own SFT warm start, before any RL step) or an HF model directory. The
+    rewards stay the run's final actor's, so what differs is only the representation."""
+    from src.datamodules.schema import read_rlla_parquet
+    from src.jobs.build import data_files, dataclass_from
+    from src.jobs.inference import load_router_policy
+    from src.jobs.router_replay import ReplayTable, router_inputs
+    from src.jobs.sft import sft_warm_start_dir
+    from src.models.loading import load_causal_lm, resolve_model_path
+    from src.models.tiny import TinyModelSpec
+
+    policy = load_router_policy(run, device="cpu")
+    cfg = policy.config
+    if source == "warm_start":
+        if cfg.model.get("warm_start") != "sft":
+            raise SystemExit(
+                f"--inputs-from warm_start: {run} has model.warm_start={cfg.model.get('warm_start')!r}, not 'sft'"
+            )
+        base = resolve_model_path(
+            cfg.model.path, cfg.cache_dir, dataclass_from(TinyModelSpec, cfg.model.tiny)
+        )
+        path = sft_warm_start_dir(cfg, base)
+    else:
+        path = Path(source)
+    if not (path / "config.json").is_file():
+        raise SystemExit(
+            f"--inputs-from {source}: no model at {path} (a warm start is built by the run's first job)"
+        )
+    policy.module.actor.load_state_dict(load_causal_lm(path, str(cfg.model.dtype)).state_dict())
+    out = []
+    for split, table in (("train", train), ("test", test)):
+        records = read_rlla_parquet(data_files(cfg)[0 if split == "train" else 1][0])[0]
+        records = records[:limit] if limit else records
+        out.append(ReplayTable(router_inputs(policy, records), table.reward, table.cost, table.label))
+    log.info("router inputs from %s", path)
+    return tuple(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--run", required=True, help="a router run directory (checkpoints/manifest.yaml)")
     p.add_argument("--seeds", default="0-4", help="'0-4' or '0,3,7'")
     p.add_argument("--steps", type=int, help="default: the run's trainer.max_steps")
     p.add_argument("--limit", type=int, default=0, help="first N prompts of each split (0: all)")
+    p.add_argument(
+        "--inputs-from",
+        help="router inputs from another backbone: 'warm_start' (the run's SFT warm start) or an HF "
+        "model dir; rewards stay the run's (does the representation or the RL decide held-out accuracy?)",
+    )
     p.add_argument("overrides", nargs="*", help="router.<key>=<value>")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
@@ -83,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg.merge_with(OmegaConf.from_dotlist(args.overrides))
     router = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(RouterConfig), cfg.router))
     train, test = tables(run, args.limit)
+    if args.inputs_from:
+        train, test = with_inputs_from(run, args.inputs_from, train, test, args.limit)
     shape = (int(cfg.sampling.n_prompts), int(cfg.sampling.n_generations_per_prompt))
     steps = args.steps or int(cfg.trainer.max_steps)
     for seed in seeds(args.seeds):

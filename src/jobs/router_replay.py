@@ -23,7 +23,7 @@ from src.rollout.batch import RouterRollout
 from src.rollout.metrics import route_accuracy
 from src.router.routing_eval import routing_metrics
 
-__all__ = ["ReplayTable", "replay", "replay_table"]
+__all__ = ["ReplayTable", "replay", "replay_table", "router_inputs"]
 
 ROUTE_KEYS = ("answer", "search", "calculate")
 LABELS = {"ANSWER": 0, "SEARCH": 1, "CALCULATE": 2}
@@ -49,9 +49,8 @@ class ReplayTable:
 
 
 @torch.no_grad()
-def replay_table(policy, records: Sequence, batch_size: int = 32) -> ReplayTable:
-    """The table of ``records`` (``RLLARecord``) under ``policy`` (``inference.Policy`` of a run)."""
-    from src.jobs.route_eval import route_table
+def router_inputs(policy, records: Sequence, batch_size: int = 32) -> torch.Tensor:
+    """[N, H] what ``policy``'s router head reads for ``records``: its pooled backbone states."""
     from src.rollout.engines.types import left_pad
 
     module, pad = policy.module, policy.tokenizer.pad_token_id
@@ -62,11 +61,18 @@ def replay_table(policy, records: Sequence, batch_size: int = 32) -> ReplayTable
         )
         ids, mask = ids.to(policy.device), mask.to(policy.device)
         hidden = module.router_hidden(ids, mask)
-        head = module.router_head
-        inputs.append(head.represent(hidden, mask).float().cpu())
+        inputs.append(module.router_head.represent(hidden, mask).float().cpu())
+    return torch.cat(inputs)
+
+
+@torch.no_grad()
+def replay_table(policy, records: Sequence, batch_size: int = 32) -> ReplayTable:
+    """The table of ``records`` (``RLLARecord``) under ``policy`` (``inference.Policy`` of a run)."""
+    from src.jobs.route_eval import route_table
+
     table = route_table(policy, records, batch_size, policy.reward_config)
     return ReplayTable(
-        inputs=torch.cat(inputs),
+        inputs=router_inputs(policy, records, batch_size),
         reward=torch.tensor(table[[f"reward_{r}" for r in ROUTE_KEYS]].to_numpy(), dtype=torch.float32),
         cost=torch.tensor(table[[f"cost_{r}" for r in ROUTE_KEYS]].to_numpy(), dtype=torch.float32),
         label=torch.tensor([LABELS.get(str(x), -1) for x in table["weak_label"]]),

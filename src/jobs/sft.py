@@ -281,9 +281,9 @@ def _cached(out: Path) -> bool:
     return discard_if_broken(out, hf_model_dir_intact)
 
 
-def ensure_sft_warm_start(cfg: DictConfig, base: Path) -> Path:
-    """The cached SFT warm start of ``base`` for this data and SFT config (built on first use)."""
-    out = _warm_start_dir(
+def sft_warm_start_dir(cfg: DictConfig, base: Path) -> Path:
+    """Where the SFT warm start of ``base`` for this data, SFT config and seed is cached."""
+    return _warm_start_dir(
         cfg,
         "sft",
         {
@@ -294,6 +294,11 @@ def ensure_sft_warm_start(cfg: DictConfig, base: Path) -> Path:
             "order": ORDER_VERSION,
         },
     )
+
+
+def ensure_sft_warm_start(cfg: DictConfig, base: Path) -> Path:
+    """The cached SFT warm start of ``base`` for this data and SFT config (built on first use)."""
+    out = sft_warm_start_dir(cfg, base)
     if _cached(out):
         return out
     log.info("building the SFT warm start at %s (cached for later runs)", out)

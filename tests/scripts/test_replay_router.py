@@ -77,3 +77,40 @@ def test_replay_script_on_a_real_run(router_run, tmp_path):
         want = policy.route_logits([r.messages for r in records])
         got = policy.module.router_head.mlp(train["inputs"])
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_replay_on_the_warm_starts_inputs(router_run, tmp_path):
+    """--inputs-from warm_start: the inputs are what the run's head reads from its SFT warm start
+    (not the final actor), the rewards and costs stay the run's; a missing model is a clear error."""
+    import shutil
+
+    from src.datamodules.schema import read_rlla_parquet
+    from src.jobs.build import data_files, dataclass_from
+    from src.jobs.inference import load_router_policy
+    from src.jobs.router_replay import router_inputs
+    from src.jobs.warm_start import model_dir
+    from src.models.loading import load_causal_lm, resolve_model_path
+    from src.models.tiny import TinyModelSpec
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    from replay_router import tables, with_inputs_from
+
+    run = tmp_path / "run"
+    shutil.copytree(router_run, run)
+    train, test = tables(run, 8)
+    warm_train, warm_test = with_inputs_from(run, "warm_start", train, test, 8)
+    assert torch.equal(warm_train.reward, train.reward) and torch.equal(warm_test.cost, test.cost)
+
+    policy = load_router_policy(run, device="cpu")
+    policy.module.actor.load_state_dict(load_causal_lm(model_dir(policy.config)).state_dict())
+    records = read_rlla_parquet(data_files(policy.config)[0][0])[0][:8]
+    torch.testing.assert_close(warm_train.inputs, router_inputs(policy, records))
+    # another backbone (the untrained base model the warm start was fitted from) reads differently
+    base = resolve_model_path(
+        None, policy.config.cache_dir, dataclass_from(TinyModelSpec, policy.config.model.tiny)
+    )
+    base_train, _ = with_inputs_from(run, str(base), train, test, 8)
+    assert not torch.allclose(base_train.inputs, warm_train.inputs, atol=1e-3)
+
+    with pytest.raises(SystemExit, match="no model at"):
+        with_inputs_from(run, str(tmp_path / "nowhere"), train, test, 8)
