@@ -19,6 +19,7 @@ route accuracy, per-label recall / precision, tool rate and the answer-vs-tool A
 also routing under B with a p_tool threshold calibrated on --calibrate (held-out prompts):
     python scripts/evaluate.py --run <run> --routing ../shared/data/rlla_4k/test.parquet
     python scripts/evaluate.py --run <run> --routing test.parquet --budget 0.3 --calibrate val.parquet
+    python scripts/evaluate.py --run <run> --routing test.parquet --out routes.csv   # one row per prompt
 Budget sweep frontier (route tables on held-out prompts, learned router vs baselines, per budget):
 
     python scripts/evaluate.py --sweep outputs/router_sweep/<stamp> --out-dir outputs/router_sweep/<stamp>
@@ -219,6 +220,24 @@ def _read_records(path: str, limit: int) -> list:
     return records
 
 
+def routing_rows(records, labels: list[str], probs):
+    """One row per prompt: uid, user turn, weak label, route probabilities, argmax route."""
+    import pandas as pd
+
+    from src.router.routes import Route
+
+    p = probs.double()
+    return pd.DataFrame(
+        {
+            "uid": [r.uid for r in records],
+            "user": [r.user for r in records],
+            "weak_label": labels,
+            **{f"p_{route.name.lower()}": p[:, route.value].tolist() for route in Route},
+            "greedy_route": [Route(int(i)).name.lower() for i in p.argmax(-1)],
+        }
+    )
+
+
 def main_routing(args: argparse.Namespace) -> int:
     """The router alone on --routing's prompts: markdown tables to stdout, the JSON to --summary."""
     from src.jobs.inference import load_router_policy
@@ -254,6 +273,8 @@ def main_routing(args: argparse.Namespace) -> int:
     if args.summary:
         Path(args.summary).parent.mkdir(parents=True, exist_ok=True)
         Path(args.summary).write_text(text + "\n")
+    if args.out:  # one row per prompt: which requests the router gets wrong, not only how many
+        write_rows(routing_rows(records, labels, probs), Path(args.out))
     print("\n\n".join(tables), flush=True)
     print(json.dumps({k: report[k] for k in ("greedy", "sampled", "auc_answer_vs_tool")}), flush=True)
     return 0

@@ -84,10 +84,10 @@ def test_infer_parquet_json_with_forced_route(router_run, test_parquet):
 
 
 def test_evaluate_routing_reports_shares_auc_and_a_budget_it_keeps(router_run, test_parquet, tmp_path):
-    summary_path = tmp_path / "routing.json"
+    summary_path, rows_path = tmp_path / "routing.json", tmp_path / "routes.csv"
     out = _run(
         "evaluate.py", "--run", str(router_run), "--routing", test_parquet, "--budget", "0.25",
-        "--summary", str(summary_path),
+        "--summary", str(summary_path), "--out", str(rows_path),
     ).stdout  # fmt: skip
     assert "label \\ route (greedy)" in out and "answer-vs-tool AUC" in out
     report = json.loads(summary_path.read_text())
@@ -99,6 +99,19 @@ def test_evaluate_routing_reports_shares_auc_and_a_budget_it_keeps(router_run, t
     # calibrated on the same prompts: at most floor(B * n) of them go to a tool
     assert report["budgeted"]["tool_rate"] <= int(0.25 * n) / n + 1e-9
     assert report["calibration"]["tool_rate"] == report["budgeted"]["tool_rate"]
+    # --out: one row per prompt, the same readings as the report
+    rows = pd.read_csv(rows_path)
+    assert len(rows) == n and rows["user"].tolist() == [
+        m[1]["content"] for m in pd.read_parquet(test_parquet)["prompt"]
+    ]
+    probs = rows[["p_answer", "p_search", "p_calculate"]].to_numpy()
+    assert abs(probs.sum(1) - 1).max() < 1e-6
+    assert (rows["greedy_route"] != "answer").mean() == pytest.approx(report["greedy"]["tool_rate"])
+    for label, share in report["shares_greedy"].items():
+        mine = rows[rows["weak_label"] == label]
+        assert len(mine) == share["n"] and (mine["greedy_route"] == "search").mean() == pytest.approx(
+            share["search"]
+        )
 
 
 def test_infer_route_only_under_a_budget_keeps_it_on_held_out_prompts(router_run, test_parquet):
