@@ -36,13 +36,20 @@ def seeds(text: str) -> list[int]:
     return [int(s) for s in text.split(",")]
 
 
+def split_records(cfg, split: str, limit: int) -> list:
+    """The first ``limit`` (0: all) records of the run's ``train`` or ``test`` split."""
+    from src.datamodules.schema import read_rlla_parquet
+    from src.jobs.build import data_files
+
+    records = read_rlla_parquet(data_files(cfg)[0 if split == "train" else 1][0])[0]
+    return records[:limit] if limit else records
+
+
 def tables(run: Path, limit: int):
     """(train, test) replay tables of ``run``, built once and cached in ``run/replay``."""
     import torch
 
     from src.atomic_files import atomic_file
-    from src.datamodules.schema import read_rlla_parquet
-    from src.jobs.build import data_files
     from src.jobs.inference import load_router_policy
     from src.jobs.router_replay import ReplayTable, replay_table
 
@@ -51,9 +58,7 @@ def tables(run: Path, limit: int):
         path = run / "replay" / f"{split}{f'-{limit}' if limit else ''}.pt"
         if not path.is_file():
             policy = policy or load_router_policy(run, device="cpu")
-            files = data_files(policy.config)[0 if split == "train" else 1]
-            records = read_rlla_parquet(files[0])[0]
-            table = replay_table(policy, records[:limit] if limit else records)
+            table = replay_table(policy, split_records(policy.config, split, limit))
             path.parent.mkdir(parents=True, exist_ok=True)
             with atomic_file(path) as tmp:
                 torch.save(vars(table), tmp)
@@ -65,13 +70,11 @@ def with_inputs_from(run: Path, source: str, train, test, limit: int):
     """``(train, test)`` with the router inputs the run's head reads from another model's backbone:
     ``warm_start`` (the run's own SFT warm start, before any RL step) or an HF model directory. The
     rewards stay the run's final actor's, so what differs is only the representation."""
-    from src.datamodules.schema import read_rlla_parquet
-    from src.jobs.build import data_files, dataclass_from
     from src.jobs.inference import load_router_policy
     from src.jobs.router_replay import ReplayTable, router_inputs
     from src.jobs.sft import sft_warm_start_dir
-    from src.models.loading import load_causal_lm, resolve_model_path
-    from src.models.tiny import TinyModelSpec
+    from src.jobs.warm_start import base_model_dir
+    from src.models.loading import load_causal_lm
 
     policy = load_router_policy(run, device="cpu")
     cfg = policy.config
@@ -80,10 +83,7 @@ def with_inputs_from(run: Path, source: str, train, test, limit: int):
             raise SystemExit(
                 f"--inputs-from warm_start: {run} has model.warm_start={cfg.model.get('warm_start')!r}, not 'sft'"
             )
-        base = resolve_model_path(
-            cfg.model.path, cfg.cache_dir, dataclass_from(TinyModelSpec, cfg.model.tiny)
-        )
-        path = sft_warm_start_dir(cfg, base)
+        path = sft_warm_start_dir(cfg, base_model_dir(cfg))
     else:
         path = Path(source)
     if not (path / "config.json").is_file():
@@ -93,9 +93,8 @@ def with_inputs_from(run: Path, source: str, train, test, limit: int):
     policy.module.actor.load_state_dict(load_causal_lm(path, str(cfg.model.dtype)).state_dict())
     out = []
     for split, table in (("train", train), ("test", test)):
-        records = read_rlla_parquet(data_files(cfg)[0 if split == "train" else 1][0])[0]
-        records = records[:limit] if limit else records
-        out.append(ReplayTable(router_inputs(policy, records), table.reward, table.cost, table.label))
+        inputs = router_inputs(policy, split_records(cfg, split, limit))
+        out.append(ReplayTable(inputs, table.reward, table.cost, table.label))
     log.info("router inputs from %s", path)
     return tuple(out)
 

@@ -365,9 +365,9 @@ def load_router_policy(
         dtype: overrides ``model.dtype`` (e.g. "float32" for a bf16 run on CPU).
         max_new_tokens: default generation length; default the run's ``sampling.max_new_tokens``.
     """
-    from src.jobs.build import build_module, dataclass_from
-    from src.models.loading import load_tokenizer, resolve_model_path
-    from src.models.tiny import TinyModelSpec
+    from src.jobs.build import build_module
+    from src.jobs.warm_start import base_model_dir
+    from src.models.loading import load_tokenizer
     from src.rollout.factory import make_families
     from src.router.cost import make_cost_fn
 
@@ -376,7 +376,7 @@ def load_router_policy(
     cfg.algorithm.use_kl_loss = False  # inference needs no reference model
     if dtype is not None:
         cfg.model.dtype = dtype
-    base = resolve_model_path(cfg.model.path, cfg.cache_dir, dataclass_from(TinyModelSpec, cfg.model.tiny))
+    base = base_model_dir(cfg)
     module = build_module(cfg, base)
     state = load_checkpoint_weights(module, ckpt)
     module.to(device or _default_device()).eval().requires_grad_(False)

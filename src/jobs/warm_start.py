@@ -11,10 +11,15 @@ from src.models.loading import resolve_model_path
 from src.models.tiny import TinyModelSpec
 
 
+def base_model_dir(cfg: DictConfig) -> Path:
+    """The configured ``model.path``, or the embedded tiny model (built and cached on first use)."""
+    return resolve_model_path(cfg.model.path, cfg.cache_dir, dataclass_from(TinyModelSpec, cfg.model.tiny))
+
+
 def model_dir(cfg: DictConfig) -> Path:
     """The model to start from: the configured path, or one of its cached warm starts
     (``model.warm_start``: sft = RLLA ground truths, rlvcr_sft = scripted RLVCR step-format episodes)."""
-    base = resolve_model_path(cfg.model.path, cfg.cache_dir, dataclass_from(TinyModelSpec, cfg.model.tiny))
+    base = base_model_dir(cfg)
     kind = cfg.model.get("warm_start")
     if kind == "sft":
         from src.jobs.sft import ensure_sft_warm_start

@@ -85,12 +85,11 @@ def test_replay_on_the_warm_starts_inputs(router_run, tmp_path):
     import shutil
 
     from src.datamodules.schema import read_rlla_parquet
-    from src.jobs.build import data_files, dataclass_from
+    from src.jobs.build import data_files
     from src.jobs.inference import load_router_policy
     from src.jobs.router_replay import router_inputs
-    from src.jobs.warm_start import model_dir
-    from src.models.loading import load_causal_lm, resolve_model_path
-    from src.models.tiny import TinyModelSpec
+    from src.jobs.warm_start import base_model_dir, model_dir
+    from src.models.loading import load_causal_lm
 
     sys.path.insert(0, str(REPO / "scripts"))
     from replay_router import tables, with_inputs_from
@@ -106,10 +105,7 @@ def test_replay_on_the_warm_starts_inputs(router_run, tmp_path):
     records = read_rlla_parquet(data_files(policy.config)[0][0])[0][:8]
     torch.testing.assert_close(warm_train.inputs, router_inputs(policy, records))
     # another backbone (the untrained base model the warm start was fitted from) reads differently
-    base = resolve_model_path(
-        None, policy.config.cache_dir, dataclass_from(TinyModelSpec, policy.config.model.tiny)
-    )
-    base_train, _ = with_inputs_from(run, str(base), train, test, 8)
+    base_train, _ = with_inputs_from(run, str(base_model_dir(policy.config)), train, test, 8)
     assert not torch.allclose(base_train.inputs, warm_train.inputs, atol=1e-3)
 
     with pytest.raises(SystemExit, match="no model at"):
