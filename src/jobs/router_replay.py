@@ -21,7 +21,7 @@ from src.config.groups import RouterConfig
 from src.models.router_policy import RouterPolicy, initial_controller, lambda_window_step
 from src.rollout.batch import RouterRollout
 from src.rollout.metrics import route_accuracy
-from src.router.routing_eval import routing_metrics
+from src.router.routing_eval import budget_routes, calibrate_tool_threshold, routing_metrics
 
 __all__ = ["ReplayTable", "replay", "replay_table", "router_inputs"]
 
@@ -130,7 +130,10 @@ def replay(
     ``train`` (prompts in a seeded order, epoch after epoch); λ by ``cfg``'s controller.
 
     Returns the last 50 steps' mean cost, λ range and training accuracies, and the final head's
-    greedy accuracies and tool rate on ``test``.
+    accuracies and tool rate on ``test``: greedy (argmax), and under the budget (``test_budgeted_*``:
+    a p_tool threshold calibrated on ``test`` itself, so its tool rate is B up to ties). Greedy
+    family accuracy counts tool-routed prompts only, so a head that sends few prompts to a tool
+    scores high on it while spending far less than B; the budgeted figures are read at B.
     """
     n_prompts, group = shape
     learner = _Learner(train, cfg, seed, group)
@@ -149,7 +152,10 @@ def replay(
     train_acc = route_accuracy(_label_names(torch.cat([t[2] for t in last])), routes)
     with torch.no_grad():
         probs = torch.softmax(learner.logits(test.inputs).float(), -1)
-    test_acc = routing_metrics(probs, _label_names(test.label), greedy=True)
+    names = _label_names(test.label)
+    test_acc = routing_metrics(probs, names, greedy=True)
+    routed = budget_routes(probs, calibrate_tool_threshold(probs, cfg.budget))
+    budgeted = routing_metrics(torch.nn.functional.one_hot(routed, 3).to(probs.dtype), names, greedy=True)
     return {
         "cost_last50": float(np.mean([t[0] for t in last])),
         "lambda_min": min(t[1] for t in last),
@@ -159,4 +165,7 @@ def replay(
         "test_acc_answer": _nan(test_acc.get("route_acc_answer")),
         "test_acc_family": _nan(test_acc.get("route_acc_family")),
         "test_tool_rate": _nan(test_acc.get("tool_rate")),
+        "test_budgeted_acc_answer": _nan(budgeted.get("route_acc_answer")),
+        "test_budgeted_acc_family": _nan(budgeted.get("route_acc_family")),
+        "test_budgeted_tool_rate": _nan(budgeted.get("tool_rate")),
     }

@@ -42,6 +42,9 @@ def test_replay_holds_the_budget_and_routes_by_label(budget):
     assert abs(out["cost_last50"] - budget) <= 0.05, out
     assert out["train_acc_answer"] >= 0.9 and out["train_acc_family"] >= 0.9, out
     assert out["test_acc_answer"] >= 0.9 and out["test_acc_family"] >= 0.9, out
+    # under the budget: a threshold calibrated on the 256 test prompts lets floor(B * 256) use a tool
+    assert out["test_budgeted_tool_rate"] == pytest.approx(int(budget * 256) / 256, abs=1 / 256), out
+    assert out["test_budgeted_acc_answer"] >= 0.9 and out["test_budgeted_acc_family"] >= 0.9, out
     assert 1.0 < out["lambda_min"] <= out["lambda_max"] < 3.5, out
 
 
@@ -63,6 +66,9 @@ def test_replay_script_on_a_real_run(router_run, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [json.loads(line) for line in proc.stdout.splitlines()]
     assert [x["seed"] for x in lines] == [0, 1] and all("cost_last50" in x for x in lines)
+    for x in lines:  # greedy and budgeted verdicts; a NaN accuracy (no tool route) is a miss
+        assert isinstance(x["targets"], bool) and isinstance(x["targets_budgeted"], bool)
+        assert 0.0 <= x["test_budgeted_tool_rate"] <= 0.2 + 1e-9, x
     train = torch.load(run / "replay" / "train-8.pt")
     assert train["inputs"].shape[0] == 8 and train["reward"].shape == (8, 3)
     assert set(train["cost"][:, 0].tolist()) == {0.0}  # the answer route calls no tool
