@@ -132,5 +132,8 @@ class SftConfig:
     route_augment: bool = False
     lr_decay: bool = False
     log_every: int = 25  # log "SFT step i/N loss ETA" every N steps
+    # the seed of the SFT's data order (and scripted episodes); None: the run's ``seed``. A fixed
+    # value shares one cached warm start between runs, so ``seed=N`` then varies the RL only
+    seed: Optional[int] = None
     episodes: int = 96  # rlvcr_sft: scripted episodes recorded
     episode_workers: int = 2

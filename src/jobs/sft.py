@@ -204,9 +204,9 @@ def train_on_examples(
     loader = DataLoader(
         examples,
         batch_size=s.batch_size,
-        sampler=EndlessShuffle(len(examples), cfg.seed, start=done * int(s.batch_size)),
+        sampler=EndlessShuffle(len(examples), sft_seed(cfg), start=done * int(s.batch_size)),
         collate_fn=_collate(tokenizer.pad_token_id),
-        generator=torch.Generator().manual_seed(cfg.seed),  # not the global RNG the model may use
+        generator=torch.Generator().manual_seed(sft_seed(cfg)),  # not the global RNG the model may use
     )
     trainer, stopper = _sft_trainer(cfg, save_to)
     log.info("SFT: %d examples, %d steps of batch %d", len(examples), s.max_steps, s.batch_size)
@@ -281,6 +281,20 @@ def _cached(out: Path) -> bool:
     return discard_if_broken(out, hf_model_dir_intact)
 
 
+def sft_seed(cfg: DictConfig) -> int:
+    """The seed of the SFT's data order: ``sft.seed``, or the run's ``seed`` when that is null."""
+    seed = cfg.sft.seed
+    return int(cfg.seed if seed is None else seed)
+
+
+def _sft_key(cfg: DictConfig) -> dict[str, Any]:
+    """``cfg.sft`` for a cache key, less ``seed`` (the key holds the effective seed, so ``sft.seed=0``
+    and a null one in a ``seed=0`` run find the same warm start)."""
+    sft = OmegaConf.to_container(cfg.sft, resolve=True)
+    sft.pop("seed", None)
+    return sft
+
+
 def sft_warm_start_dir(cfg: DictConfig, base: Path) -> Path:
     """Where the SFT warm start of ``base`` for this data, SFT config and seed is cached."""
     return _warm_start_dir(
@@ -288,9 +302,9 @@ def sft_warm_start_dir(cfg: DictConfig, base: Path) -> Path:
         "sft",
         {
             "base": str(base),
-            "sft": OmegaConf.to_container(cfg.sft, resolve=True),
+            "sft": _sft_key(cfg),
             "data": OmegaConf.to_container(cfg.data, resolve=True),
-            "seed": cfg.seed,
+            "seed": sft_seed(cfg),
             "order": ORDER_VERSION,
         },
     )
@@ -321,7 +335,7 @@ def episode_sft_examples(cfg: DictConfig, tokenizer) -> list[dict[str, list[int]
         tokenizer,
         episode_templates(env_cfg),
         int(s.episodes),
-        int(cfg.seed),
+        sft_seed(cfg),
         EpisodeSettings(
             token_budget=int(env_cfg["token_budget"]),
             turn_cap=int(env_cfg["turn_cap"]),
@@ -368,10 +382,10 @@ def ensure_episode_warm_start(cfg: DictConfig, base: Path) -> Path:
         "rlvcr_sft",
         {
             "base": str(base),
-            "sft": OmegaConf.to_container(cfg.sft, resolve=True),
+            "sft": _sft_key(cfg),
             "env": env_cfg,
             "templates": dataclasses.asdict(episode_templates(env_cfg)),
-            "seed": cfg.seed,
+            "seed": sft_seed(cfg),
             "order": ORDER_VERSION,
             "agent": hashlib.sha1(agent_src.encode()).hexdigest(),
         },
