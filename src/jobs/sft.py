@@ -282,8 +282,11 @@ def _cached(out: Path) -> bool:
 
 
 def sft_seed(cfg: DictConfig) -> int:
-    """The seed of the SFT's data order: ``sft.seed``, or the run's ``seed`` when that is null."""
-    seed = cfg.sft.seed
+    """The seed of the SFT's data order: ``sft.seed``, or the run's ``seed`` when that is null.
+
+    A run manifest saved before ``sft.seed`` existed has no such key; its SFT used the run's seed,
+    so the key's absence reads as null (``replay_router --inputs-from warm_start`` on such a run)."""
+    seed = cfg.sft.get("seed")
     return int(cfg.seed if seed is None else seed)
 
 

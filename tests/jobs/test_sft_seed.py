@@ -26,6 +26,17 @@ def test_a_fixed_sft_seed_shares_the_warm_start_between_run_seeds(tmp_path):
     assert sft_seed(cfg) == 3 and sft_seed(OmegaConf.merge(cfg, {"sft": {"seed": 0}})) == 0
 
 
+def test_a_manifest_from_before_sft_seed_finds_its_warm_start(tmp_path):
+    """A run's saved config without ``sft.seed`` (manifests written before it existed) used the run's
+    seed: the same cache entry as today's null."""
+    cfg = compose_job(["experiment=router_grpo", "seed=2", f"cache_dir={tmp_path}"])
+    old = OmegaConf.to_container(cfg, resolve=True)
+    del old["sft"]["seed"]
+    old = OmegaConf.create(old)
+    assert sft_seed(old) == 2
+    assert sft_warm_start_dir(old, Path("/models/base")) == sft_warm_start_dir(cfg, Path("/models/base"))
+
+
 def _fit(tiny_model_dir, tmp_path, run_seed: int, seed: int | None) -> dict[str, torch.Tensor]:
     from src.jobs.sft import train_on_examples
     from src.models.loading import load_causal_lm, load_tokenizer
