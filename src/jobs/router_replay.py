@@ -21,7 +21,7 @@ from src.config.groups import RouterConfig
 from src.models.router_policy import RouterPolicy, initial_controller, lambda_window_step
 from src.rollout.batch import RouterRollout
 from src.rollout.metrics import route_accuracy
-from src.router.routing_eval import budget_routes, calibrate_tool_threshold, routing_metrics
+from src.router.routing_eval import budget_route_probs, calibrate_tool_threshold, routing_metrics
 
 __all__ = ["ReplayTable", "replay", "replay_table", "router_inputs"]
 
@@ -154,8 +154,8 @@ def replay(
         probs = torch.softmax(learner.logits(test.inputs).float(), -1)
     names = _label_names(test.label)
     test_acc = routing_metrics(probs, names, greedy=True)
-    routed = budget_routes(probs, calibrate_tool_threshold(probs, cfg.budget))
-    budgeted = routing_metrics(torch.nn.functional.one_hot(routed, 3).to(probs.dtype), names, greedy=True)
+    routed = budget_route_probs(probs, calibrate_tool_threshold(probs, cfg.budget))
+    budgeted = routing_metrics(routed, names, greedy=True)
     return {
         "cost_last50": float(np.mean([t[0] for t in last])),
         "lambda_min": min(t[1] for t in last),

@@ -13,6 +13,7 @@ import torch
 from src.router.routing_eval import (
     ROUTES,
     answer_vs_tool_auc,
+    budget_route_probs,
     budget_routes,
     calibrate_tool_threshold,
     route_shares,
@@ -66,7 +67,7 @@ def routing_report(
         "shares_sampled": route_shares(probs, labels, greedy=False),
     }
     if threshold is not None:
-        routed = torch.nn.functional.one_hot(budget_routes(probs, threshold), 3).to(probs.dtype)
+        routed = budget_route_probs(probs, threshold)
         report["budgeted"] = routing_metrics(routed, labels, greedy=True)
         report["shares_budgeted"] = route_shares(routed, labels, greedy=True)
     return report

@@ -31,6 +31,7 @@ import torch
 __all__ = [
     "ROUTES",
     "answer_vs_tool_auc",
+    "budget_route_probs",
     "budget_routes",
     "calibrate_tool_threshold",
     "route_shares",
@@ -135,6 +136,12 @@ def budget_routes(probs: torch.Tensor, threshold: float) -> torch.Tensor:
         raise ValueError(f"probs must be [N, 3], got {tuple(probs.shape)}")
     family = 1 + probs[:, 1:].argmax(dim=-1)
     return torch.where(_p_tool(probs) >= threshold, family, torch.zeros_like(family))
+
+
+def budget_route_probs(probs: torch.Tensor, threshold: float) -> torch.Tensor:
+    """[N, 3] the ``budget_routes`` as one-hot rows, in ``probs``' dtype: what ``routing_metrics`` and
+    ``route_shares`` read (greedily) to measure routing under the budget."""
+    return torch.nn.functional.one_hot(budget_routes(probs, threshold), 3).to(probs.dtype)
 
 
 def _p_tool(probs: torch.Tensor) -> torch.Tensor:

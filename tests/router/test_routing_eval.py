@@ -10,6 +10,7 @@ import torch
 
 from src.router.routing_eval import (
     answer_vs_tool_auc,
+    budget_route_probs,
     budget_routes,
     calibrate_tool_threshold,
     route_shares,
@@ -105,3 +106,7 @@ def test_threshold_routes_at_most_budget_and_no_fewer_without_ties(budget, dtype
     # the same prompts read again in another batch layout: p_tool moves by float noise only
     jitter = probs * (1 + 1e-6 * torch.randn(probs.shape, generator=torch.Generator().manual_seed(1), dtype=dtype))
     assert torch.equal(budget_routes(jitter / jitter.sum(-1, keepdim=True), t), routes)
+    # as one-hot rows (what the metrics read): one 1 per row, at the budget route, in probs' dtype
+    onehot = budget_route_probs(probs, t)
+    assert onehot.dtype == dtype and torch.equal(onehot.sum(-1), torch.ones(200, dtype=dtype))
+    assert torch.equal(onehot.argmax(-1), routes)
