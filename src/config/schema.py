@@ -93,8 +93,12 @@ class OptimConfig:
 @dataclass
 class RouterHeadConfig:
     enable: bool = False
-    pooling: str = "last"  # last | mean | tail (mean over the last tail_tokens prompt tokens)
+    # last | mean | tail (mean over the last tail_tokens prompt tokens) | sif (the tail's tokens
+    # weighted by sif_a / (sif_a + p(token)), p their frequency in the training prompts' tails, and
+    # the pooled vectors' common direction removed: src.router.sif; fitted before the first step)
+    pooling: str = "last"
     tail_tokens: int = 32
+    sif_a: float = 0.03
     # which of the backbone's hidden states the head pools: -1 the last layer's; 0 the input
     # embeddings (a bag of the prompt's tokens, which a small model's upper layers may not beat on
     # prompts phrased unlike any training prompt); k the output of layer k

@@ -137,12 +137,14 @@ def _router(cfg: DictConfig) -> list[str]:
     r = cfg.router
     if not r.enable:
         return []
-    problems = one_of("router.pooling", r.pooling, ("last", "mean", "tail"))
+    problems = one_of("router.pooling", r.pooling, ("last", "mean", "tail", "sif"))
     problems += one_of("router.prompt_mode", r.prompt_mode, ("emphasis", "only_family"))
     problems += one_of("router.actor_reward", r.actor_reward, ("task", "router"))
     problems += positive(
         {"router.lr": r.lr, "router.mlp_hidden": r.mlp_hidden, "router.lambda_lr": r.lambda_lr}
     )
+    if r.pooling == "sif":
+        problems += positive({"router.sif_a": r.sif_a, "router.tail_tokens": r.tail_tokens})
     problems += positive({"router.lambda_every_k": r.lambda_every_k})
     problems += positive({"router.lambda_kp": r.lambda_kp, "router.lambda_kd": r.lambda_kd}, strict=False)
     problems += in_range("router.lambda_cost_ema", r.lambda_cost_ema, 0.0, 1.0, high_open=True)

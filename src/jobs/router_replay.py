@@ -12,7 +12,7 @@ demo"); ``scripts/replay_router.py`` is the command.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -61,7 +61,7 @@ def router_inputs(policy, records: Sequence, batch_size: int = 32) -> torch.Tens
         )
         ids, mask = ids.to(policy.device), mask.to(policy.device)
         hidden = module.router_hidden(ids, mask)
-        inputs.append(module.router_head.represent(hidden, mask).float().cpu())
+        inputs.append(module.router_head.represent(hidden, mask, ids).float().cpu())
     return torch.cat(inputs)
 
 
@@ -86,7 +86,8 @@ class _Learner:
         torch.manual_seed(seed)  # the head's initial weights
         self.table, self.group = table, group
         self.gen = torch.Generator().manual_seed(seed)
-        self.head = RouterPolicy(table.inputs.shape[1], cfg)
+        # the table holds the pooled inputs already: the head's own pooling (and its SIF buffers) unused
+        self.head = RouterPolicy(table.inputs.shape[1], replace(cfg, pooling="mean"))
         self.opt = torch.optim.AdamW(self.head.parameters(), lr=cfg.lr, weight_decay=0.0)
 
     def logits(self, inputs: torch.Tensor) -> torch.Tensor:

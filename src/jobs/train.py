@@ -20,6 +20,7 @@ from src.jobs.build import build_datamodule, build_module, build_trainer
 from src.jobs.callbacks import build_rl_callbacks
 from src.jobs.checks import validate_job
 from src.jobs.resume import already_finished, check_callback_states, logs_cut_once_restored, prepare_run_dir
+from src.jobs.router_pooling import fit_sif_pooling, training_prompt_ids
 from src.jobs.warm_start import model_dir
 from src.models.loading import load_tokenizer
 
@@ -62,6 +63,9 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
         log.info("harmony token ids: %s", harmony_token_ids(tokenizer))
     datamodule = build_datamodule(cfg, tokenizer)
     module = build_module(cfg, path)
+    if module.router_head is not None and module.router_cfg.pooling == "sif":
+        # fitted on the starting backbone; a resumed run's checkpoint then restores the same values
+        fit_sif_pooling(module, training_prompt_ids(datamodule), tokenizer.pad_token_id)
     callbacks = [
         StepOnlyScalars(),  # first: it clears the previous step's values before anyone logs
         *build_rl_callbacks(cfg, tokenizer, path, datamodule),

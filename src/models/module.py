@@ -108,7 +108,14 @@ class ToolRouterModule(pl.LightningModule):
         if router.enable and dual is None:
             raise ValueError("router.enable needs the λ update's settings (dual=DualSettings(...))")
         self.router_head = (
-            RouterPolicy(actor.config.hidden_size, router, algorithm.adv_eps) if router.enable else None
+            RouterPolicy(
+                actor.config.hidden_size,
+                router,
+                algorithm.adv_eps,
+                vocab_size=actor.get_input_embeddings().num_embeddings,
+            )
+            if router.enable
+            else None
         )
         # λ and its window (cost sum, task-reward sum, rollouts, steps since the last update) are
         # buffers: checkpointed with the weights and identical on every rank.
@@ -135,7 +142,7 @@ class ToolRouterModule(pl.LightningModule):
         prompt_ids, prompt_mask = prompt_ids.to(self.device), prompt_mask.to(self.device)
         hidden = self.router_hidden(prompt_ids, prompt_mask, grad and not self.router_cfg.detach_backbone)
         with torch.set_grad_enabled(grad):
-            return self.router_head(hidden, prompt_mask)
+            return self.router_head(hidden, prompt_mask, prompt_ids)
 
     def router_hidden(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, track: bool = False):
         """The backbone's hidden states [P, Lp, H] the router head pools (``router.hidden_layer``)."""

@@ -30,8 +30,12 @@ class RouterPolicy(RouterHead):
     A from the advantage registry (``router.adv_estimator``), c_H the linear entropy schedule.
     """
 
-    def __init__(self, hidden_size: int, cfg: RouterHeadConfig, adv_eps: float = 1e-6):
-        super().__init__(hidden_size, cfg.mlp_hidden, cfg.pooling, tail_tokens=cfg.tail_tokens)
+    def __init__(
+        self, hidden_size: int, cfg: RouterHeadConfig, adv_eps: float = 1e-6, vocab_size: int | None = None
+    ):
+        super().__init__(
+            hidden_size, cfg.mlp_hidden, cfg.pooling, tail_tokens=cfg.tail_tokens, vocab_size=vocab_size
+        )
         self.cfg, self.adv_eps = cfg, adv_eps
 
     def entropy_coef(self, step: int) -> float:

@@ -7,27 +7,42 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from src.router.sif import remove_component, tail_mask
+
 N_ROUTES = 3
 
 
 def prompt_representation(
-    hidden: torch.Tensor, attention_mask: torch.Tensor, pooling: str = "last", tail_tokens: int = 32
+    hidden: torch.Tensor,
+    attention_mask: torch.Tensor,
+    pooling: str = "last",
+    tail_tokens: int = 32,
+    token_weight: torch.Tensor | None = None,
+    component: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Pool the final hidden states of a prompt batch.
 
     Args:
         hidden: [B, L, H] final-layer hidden states.
         attention_mask: [B, L] 1 on real tokens (left or right padding both work).
-        pooling: "last" (last real token), "mean" (mean over real tokens) or "tail" (mean over
+        pooling: "last" (last real token), "mean" (mean over real tokens), "tail" (mean over
             the last ``tail_tokens`` real tokens: the request at the end of a prompt whose long
-            system message is mostly the same from prompt to prompt).
+            system message is mostly the same from prompt to prompt) or "sif" (the tail's mean
+            weighted by ``token_weight``, then ``component`` removed: ``src.router.sif``).
+        token_weight: [B, L] per-position weights ("sif" only).
+        component: [H] the unit direction removed from the pooled vectors ("sif" only).
     Returns:
         [B, H]
     """
     mask = attention_mask.to(hidden.dtype)
+    if pooling == "sif":
+        if token_weight is None or component is None:
+            raise ValueError("router.pooling='sif' needs the token weights and the common component")
+        weight = tail_mask(attention_mask, tail_tokens).to(hidden.dtype) * token_weight.to(hidden.dtype)
+        pooled = (hidden * weight.unsqueeze(-1)).sum(1) / weight.sum(1, keepdim=True).clamp(min=1e-12)
+        return remove_component(pooled, component)
     if pooling == "tail":
-        from_end = mask.flip(-1).cumsum(-1).flip(-1)  # 1 on the last real token, 2 before it, ...
-        mask = mask * (from_end <= tail_tokens).to(mask.dtype)
+        mask = tail_mask(attention_mask, tail_tokens).to(hidden.dtype)
         pooling = "mean"
     if pooling == "mean":
         return (hidden * mask.unsqueeze(-1)).sum(1) / mask.sum(1, keepdim=True).clamp(min=1)
@@ -35,7 +50,7 @@ def prompt_representation(
         positions = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
         last = torch.where(attention_mask.bool(), positions, torch.full_like(positions, -1)).max(dim=1).values
         return hidden[torch.arange(hidden.shape[0], device=hidden.device), last.clamp(min=0)]
-    raise ValueError(f"router.pooling={pooling!r}; expected 'last', 'mean' or 'tail'")
+    raise ValueError(f"router.pooling={pooling!r}; expected 'last', 'mean', 'tail' or 'sif'")
 
 
 @dataclass
@@ -46,7 +61,12 @@ class RouterOutput:
 
 
 class RouterHead(nn.Module):
-    """MLP over the pooled prompt representation."""
+    """MLP over the pooled prompt representation.
+
+    With ``pooling="sif"`` the head also holds the SIF statistics as buffers (checkpointed with
+    it): ``sif_weight`` [vocab_size] per-token weights and ``sif_component`` [hidden_size] the
+    removed direction, fitted on the training prompts before the first step (``set_sif``; until
+    then weights 1 and no component: the plain tail mean)."""
 
     def __init__(
         self,
@@ -55,6 +75,7 @@ class RouterHead(nn.Module):
         pooling: str = "last",
         dropout: float = 0.0,
         tail_tokens: int = 32,
+        vocab_size: int | None = None,
     ):
         super().__init__()
         self.pooling, self.tail_tokens = pooling, tail_tokens
@@ -65,14 +86,41 @@ class RouterHead(nn.Module):
             nn.Dropout(dropout),
             nn.Linear(mlp_hidden, N_ROUTES),
         )
+        if pooling == "sif":
+            if vocab_size is None:
+                raise ValueError("router.pooling='sif' needs the backbone's vocab_size")
+            self.register_buffer("sif_weight", torch.ones(vocab_size))
+            self.register_buffer("sif_component", torch.zeros(hidden_size))
 
-    def forward(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """hidden [B, L, H], attention_mask [B, L] -> logits [B, 3]."""
-        return self.mlp(self.represent(hidden, attention_mask).to(self.mlp[1].weight.dtype))
+    def forward(
+        self, hidden: torch.Tensor, attention_mask: torch.Tensor, prompt_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """hidden [B, L, H], attention_mask [B, L] (prompt_ids [B, L] for "sif") -> logits [B, 3]."""
+        return self.mlp(self.represent(hidden, attention_mask, prompt_ids).to(self.mlp[1].weight.dtype))
 
-    def represent(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def represent(
+        self, hidden: torch.Tensor, attention_mask: torch.Tensor, prompt_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """The MLP's input [B, H]: the prompt's pooled hidden states."""
-        return prompt_representation(hidden, attention_mask, self.pooling, self.tail_tokens)
+        if self.pooling != "sif":
+            return prompt_representation(hidden, attention_mask, self.pooling, self.tail_tokens)
+        if prompt_ids is None:
+            raise ValueError("router.pooling='sif' weighs tokens by id: pass prompt_ids")
+        weight = self.sif_weight[prompt_ids.to(self.sif_weight.device)]
+        return prompt_representation(
+            hidden, attention_mask, "sif", self.tail_tokens, weight.to(hidden.device), self.sif_component
+        )
+
+    @torch.no_grad()
+    def set_sif(self, weight: torch.Tensor, component: torch.Tensor) -> None:
+        """Install fitted SIF statistics: weight [vocab_size], component [hidden_size]."""
+        if self.pooling != "sif":
+            raise ValueError(f"set_sif on a head with router.pooling={self.pooling!r}")
+        for name, value in (("sif_weight", weight), ("sif_component", component)):
+            buf = getattr(self, name)
+            if tuple(value.shape) != tuple(buf.shape):
+                raise ValueError(f"{name}: shape {tuple(value.shape)}, expected {tuple(buf.shape)}")
+            buf.copy_(value.to(buf))
 
     @staticmethod
     def act(

@@ -1,0 +1,62 @@
+"""Fit the router head's SIF pooling (``router.pooling: sif``) on the training prompts, before the
+first step: token frequencies over the pooled windows, then the common direction of the weighted
+means under the starting backbone (``src.router.sif`` holds the math)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import torch
+
+from src.router.sif import common_component, sif_token_weights, token_counts
+
+log = logging.getLogger(__name__)
+
+__all__ = ["fit_sif_pooling", "training_prompt_ids"]
+
+
+def training_prompt_ids(datamodule) -> list[list[int]]:
+    """The training split's prompt token ids of an RLLA datamodule (loaded here if not yet)."""
+    from src.datamodules.rlla_datamodule import RLLADataModule
+
+    if not isinstance(datamodule, RLLADataModule):
+        raise ValueError(
+            f"router.pooling=sif fits its token weights on the training prompts of an RLLA "
+            f"datamodule; the job's datamodule is a {type(datamodule).__name__}"
+        )
+    datamodule.setup("fit")
+    return [list(r["prompt_ids"]) for r in datamodule.train_dataset.records]
+
+
+@torch.no_grad()
+def fit_sif_pooling(module, prompt_ids: Sequence[list[int]], pad_id: int, batch_size: int = 32) -> dict:
+    """Set ``module.router_head``'s SIF weights and common component from ``prompt_ids`` (the
+    training prompts) and the module's current backbone. Returns what was fitted, to log."""
+    from src.rollout.engines.types import left_pad
+
+    head, cfg = module.router_head, module.router_cfg
+    if head is None or cfg.pooling != "sif":
+        raise ValueError("fit_sif_pooling needs router.enable and router.pooling=sif")
+    if not prompt_ids:
+        raise ValueError("router.pooling=sif: no training prompts to fit the token weights on")
+    counts = token_counts(prompt_ids, head.sif_weight.numel(), cfg.tail_tokens)
+    weight = sif_token_weights(counts, cfg.sif_a)
+    head.set_sif(weight, torch.zeros_like(head.sif_component))  # weighted means, nothing removed
+    pooled = []
+    for start in range(0, len(prompt_ids), batch_size):
+        ids, mask = left_pad(list(prompt_ids[start : start + batch_size]), pad_id)
+        hidden = module.router_hidden(ids.to(module.device), mask.to(module.device))
+        pooled.append(head.represent(hidden, mask.to(hidden.device), ids).float().cpu())
+    pooled = torch.cat(pooled)
+    component = common_component(pooled)
+    head.set_sif(weight, component)
+    share = float((pooled @ component).pow(2).sum() / pooled.pow(2).sum())
+    fitted = {
+        "prompts": len(prompt_ids),
+        "distinct_tokens": int((counts > 0).sum()),
+        "weight_min": float(weight.min()),
+        "component_share": share,
+    }
+    log.info("router SIF pooling fitted (a=%s): %s", cfg.sif_a, fitted)
+    return fitted
