@@ -2,6 +2,7 @@
 
     python scripts/replay_router.py --run outputs/router_grpo/<stamp> --seeds 0-9 --steps 500
     python scripts/replay_router.py --run <run> --seeds 0-4 router.lambda_update=gradient router.lr=3e-3
+    python scripts/replay_router.py --run <run> --seeds 0-9 router.pooling=sif router.sif_a=0.03
 
 The first call writes ``<run>/replay/{train,test}.pt`` (each prompt's router input and greedy
 reward / cost under every route: a few minutes on CPU); later calls reuse them. Overrides are the
@@ -10,7 +11,10 @@ mean cost and λ range, training accuracies, and the final head's greedy accurac
 the held-out split, then whether the issue-19 targets hold (|cost − B| <= 0.05, held-out answer
 accuracy and family accuracy >= 0.9). ``--inputs-from warm_start`` (or an HF model dir) replays on
 the router inputs of another backbone, the rewards unchanged: whether the representation or the
-router's own learning decides its held-out accuracy. What it leaves out
+router's own learning decides its held-out accuracy. Overrides of ``router.pooling``,
+``tail_tokens``, ``sif_a`` or ``hidden_layer`` re-pool the inputs from the run's final backbone
+(``router.pooling=sif``: SIF statistics fitted on the training prompts as a run fits them), so one
+table compares poolings. What it leaves out
 (``src.jobs.router_replay``): the actor learning, and sampled responses. A setting it favours still
 needs real runs.
 """
@@ -106,6 +110,32 @@ def with_inputs_from(run: Path, source: str, train, test, limit: int):
     return tuple(out)
 
 
+def with_pooling(run: Path, router, train, test, limit: int):
+    """``(train, test)`` with the router inputs re-pooled as ``router`` says (its ``pooling``,
+    ``tail_tokens``, ``sif_a``, ``hidden_layer``) from the run's final backbone; SIF statistics
+    fitted on the training prompts as a run fits them. Rewards unchanged."""
+    from src.jobs.inference import load_router_policy
+    from src.jobs.router_pooling import fit_sif_pooling
+    from src.jobs.router_replay import ReplayTable, router_inputs
+    from src.models.router_policy import RouterPolicy
+
+    policy = load_router_policy(run, device="cpu")
+    module, cfg = policy.module, policy.config
+    vocab = module.actor.get_input_embeddings().num_embeddings
+    module.router_head = RouterPolicy(module.actor.config.hidden_size, router, vocab_size=vocab)
+    module.router_cfg = router
+    records = {split: split_records(cfg, split, limit) for split in ("train", "test")}
+    if router.pooling == "sif":
+        ids = [policy.prompt_ids(r.messages) for r in records["train"]]
+        fit_sif_pooling(module, ids, policy.tokenizer.pad_token_id)
+    out = [
+        ReplayTable(router_inputs(policy, records[split]), table.reward, table.cost, table.label)
+        for split, table in (("train", train), ("test", test))
+    ]
+    log.info("router inputs re-pooled: pooling=%s tail_tokens=%s", router.pooling, router.tail_tokens)
+    return tuple(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--run", required=True, help="a router run directory (checkpoints/manifest.yaml)")
@@ -133,11 +163,17 @@ def main(argv: list[str] | None = None) -> int:
     bad = [o for o in args.overrides if not o.startswith("router.")]
     if bad:
         p.error(f"only router.* overrides: {bad}")
+    as_run = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(RouterConfig), cfg.router))
     cfg.merge_with(OmegaConf.from_dotlist(args.overrides))
     router = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(RouterConfig), cfg.router))
     train, test = tables(run, args.limit)
     if args.inputs_from:
         train, test = with_inputs_from(run, args.inputs_from, train, test, args.limit)
+    pooling_keys = ("pooling", "tail_tokens", "sif_a", "hidden_layer")
+    if any(getattr(router, k) != getattr(as_run, k) for k in pooling_keys):
+        if args.inputs_from:
+            p.error("--inputs-from with router.pooling / tail_tokens / sif_a / hidden_layer overrides")
+        train, test = with_pooling(run, router, train, test, args.limit)
     shape = (int(cfg.sampling.n_prompts), int(cfg.sampling.n_generations_per_prompt))
     steps = args.steps or int(cfg.trainer.max_steps)
     for seed in seeds(args.seeds):

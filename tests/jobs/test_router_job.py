@@ -57,3 +57,29 @@ def test_route_confusion_text_is_written_every_val_check_interval(router_run):
                 texts.append(event.tensor_proto.string_val[0].decode())
     assert sorted(steps) == [1, 3, 5]
     assert all("route_acc_answer" in t and "search" in t for t in texts)
+
+
+def test_sif_pooling_is_fitted_on_the_training_prompts_and_kept_over_resume(router_run_with_resume):
+    """router.pooling=sif (the demo's): before the first step the head's token weights are
+    a / (a + p) of the training prompts' pooled windows, its component a unit vector; the resumed
+    run keeps both (the checkpoint's, not a refit)."""
+    from src.datamodules.schema import read_rlla_parquet
+    from src.jobs.build import data_files
+    from src.jobs.inference import load_router_policy
+    from src.router.sif import sif_token_weights, token_counts
+
+    run_dir, first = router_run_with_resume
+    policy = load_router_policy(run_dir, device="cpu")
+    cfg = policy.config.router
+    assert cfg.pooling == "sif"
+    records = read_rlla_parquet(data_files(policy.config)[0][0])[0]
+    ids = [policy.prompt_ids(r.messages) for r in records]
+    weight = first["state_dict"]["router_head.sif_weight"]
+    want = sif_token_weights(token_counts(ids, weight.numel(), int(cfg.tail_tokens)), float(cfg.sif_a))
+    assert torch.allclose(weight, want.to(weight.dtype))
+    assert float(weight.min()) < 0.5  # frequent tokens weigh less
+    component = first["state_dict"]["router_head.sif_component"]
+    assert float(component.norm()) == pytest.approx(1.0, abs=1e-5)
+    last = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    for key in ("router_head.sif_weight", "router_head.sif_component"):
+        assert torch.equal(last["state_dict"][key], first["state_dict"][key])

@@ -116,3 +116,37 @@ def test_replay_on_the_warm_starts_inputs(router_run, tmp_path):
 
     with pytest.raises(SystemExit, match="no model at"):
         with_inputs_from(run, str(tmp_path / "nowhere"), train, test, 8)
+
+
+def test_pooling_overrides_re_pool_the_run_inputs(router_run, tmp_path):
+    """router.pooling / sif_a overrides re-pool the inputs from the run's final backbone: `tail` is the
+    plain mean of the last tail_tokens states; `sif` with another a weighs the same tokens otherwise."""
+    import dataclasses
+    import shutil
+
+    from src.config.groups import RouterConfig as Cfg
+    from src.datamodules.schema import read_rlla_parquet
+    from src.jobs.build import data_files
+    from src.jobs.inference import load_router_policy
+    from src.rollout.engines.types import left_pad
+    from src.router.head import prompt_representation
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    from replay_router import tables, with_pooling
+
+    run = tmp_path / "run"
+    shutil.copytree(router_run, run)
+    train, test = tables(run, 8)
+    policy = load_router_policy(run, device="cpu")
+    assert policy.config.router.pooling == "sif"  # the demo's: re-pooled below as a plain tail mean
+    router = dataclasses.replace(Cfg(**policy.config.router), pooling="tail")
+    tail_train, tail_test = with_pooling(run, router, train, test, 8)
+    assert torch.equal(tail_train.reward, train.reward) and torch.equal(tail_test.cost, test.cost)
+    records = read_rlla_parquet(data_files(policy.config)[0][0])[0][:8]
+    ids, mask = left_pad([policy.prompt_ids(r.messages) for r in records], policy.tokenizer.pad_token_id)
+    with torch.no_grad():
+        hidden = policy.module.router_hidden(ids, mask)
+    want = prompt_representation(hidden, mask, "tail", router.tail_tokens)
+    torch.testing.assert_close(tail_train.inputs, want)
+    other_a, _ = with_pooling(run, dataclasses.replace(router, pooling="sif", sif_a=1.0), train, test, 8)
+    assert not torch.allclose(other_a.inputs, train.inputs, atol=1e-4)
