@@ -21,7 +21,7 @@ def training_prompt_ids(datamodule) -> list[list[int]]:
     from src.datamodules.rlla_datamodule import RLLADataModule
 
     if not isinstance(datamodule, RLLADataModule):
-        raise ValueError(
+        raise TypeError(
             f"router.pooling=sif fits its token weights on the training prompts of an RLLA "
             f"datamodule; the job's datamodule is a {type(datamodule).__name__}"
         )

@@ -11,7 +11,10 @@ from src.router.sif import common_component, remove_component, sif_token_weights
 
 def test_token_counts_match_a_counter_over_each_prompts_tail():
     g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(0, 20, (int(n),), generator=g).tolist() for n in torch.randint(1, 30, (40,), generator=g)]
+    prompts = [
+        torch.randint(0, 20, (int(n),), generator=g).tolist()
+        for n in torch.randint(1, 30, (40,), generator=g)
+    ]
     want = collections.Counter(t for p in prompts for t in p[-7:])
     got = token_counts(prompts, 20, tail_tokens=7)
     assert got.tolist() == [float(want.get(i, 0)) for i in range(20)]
@@ -83,7 +86,9 @@ def test_sif_pooling_matches_a_loop_over_each_rows_last_tokens(left_pad):
         w = weight[i, real]
         pooled = (w[:, None] * h[i, real]).sum(0) / w.sum()
         assert torch.allclose(got[i], pooled - (pooled @ u) * u, atol=1e-6)
-    assert torch.equal(tail_mask(mask, tail).sum(1), torch.tensor([min(n, tail) for n in lengths], dtype=torch.float32))
+    assert torch.equal(
+        tail_mask(mask, tail).sum(1), torch.tensor([min(n, tail) for n in lengths], dtype=torch.float32)
+    )
 
 
 def test_unfitted_sif_head_is_the_tail_mean_and_needs_token_ids():
