@@ -62,6 +62,9 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
 
         log.info("harmony token ids: %s", harmony_token_ids(tokenizer))
     datamodule = build_datamodule(cfg, tokenizer)
+    # Building a missing base model or warm start (model_dir above) draws from the global RNG; the
+    # module's initial weights (the router head) must not depend on whether they were cached.
+    pl.seed_everything(cfg.seed, workers=True)
     module = build_module(cfg, path)
     if module.router_head is not None and module.router_cfg.pooling == "sif":
         # fitted on the starting backbone; a resumed run's checkpoint then restores the same values

@@ -69,3 +69,31 @@ def test_rollout_rows_are_identical(two_runs):
         fa, fb = pd.read_parquet(a / "rollouts" / name), pd.read_parquet(b / "rollouts" / name)
         timing = [c for c in fa.columns if "time" in c or c.endswith("_s")]
         pd.testing.assert_frame_equal(fa.drop(columns=timing), fb.drop(columns=timing), check_exact=True)
+
+
+def test_a_run_that_builds_its_warm_start_equals_one_that_finds_it_cached(tmp_path):
+    """The first run of a command builds the tiny model, the data and the SFT warm start in its own
+    process (drawing from the global RNG); a second run finds them cached. Both start the router
+    head from the same weights and end bit-identical."""
+    import sys
+
+    cache = tmp_path / "cache"
+    runs = []
+    for name in ("builds", "cached"):
+        cmd = [sys.executable, str(REPO / "scripts" / "train.py"), f"cache_dir={cache}"]
+        proc = subprocess.run(
+            [*cmd, *JOB, f"run_dir={tmp_path / name}"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=900,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs.append(tmp_path / name)
+    assert "building the SFT warm start" in (runs[0] / "train.log").read_text()
+    assert "building the SFT warm start" not in (runs[1] / "train.log").read_text()
+    ta, tb = (dict(_tensors(_final(d))) for d in runs)
+    assert [k for k in ta if not torch.equal(ta[k], tb[k])] == []
+    fa, fb = (pd.read_parquet(d / "rollouts" / "step_00000000.parquet") for d in runs)
+    assert fa["router_prob"].tolist() == fb["router_prob"].tolist()
