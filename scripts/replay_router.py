@@ -77,12 +77,22 @@ def tables(run: Path, limit: int):
     return out["train"], out["test"]
 
 
+def with_policy_inputs(policy, records: dict, train, test):
+    """``(train, test)`` with their router inputs replaced by what ``policy``'s head reads for
+    ``records`` (``{"train": [...], "test": [...]}``); rewards, costs and labels unchanged."""
+    from src.jobs.router_replay import ReplayTable, router_inputs
+
+    return tuple(
+        ReplayTable(router_inputs(policy, records[split]), table.reward, table.cost, table.label)
+        for split, table in (("train", train), ("test", test))
+    )
+
+
 def with_inputs_from(run: Path, source: str, train, test, limit: int):
     """``(train, test)`` with the router inputs the run's head reads from another model's backbone:
     ``warm_start`` (the run's own SFT warm start, before any RL step) or an HF model directory. The
     rewards stay the run's final actor's, so what differs is only the representation."""
     from src.jobs.inference import load_router_policy
-    from src.jobs.router_replay import ReplayTable, router_inputs
     from src.jobs.sft import sft_warm_start_dir
     from src.jobs.warm_start import base_model_dir
     from src.models.loading import load_causal_lm
@@ -102,12 +112,9 @@ def with_inputs_from(run: Path, source: str, train, test, limit: int):
             f"--inputs-from {source}: no model at {path} (a warm start is built by the run's first job)"
         )
     policy.module.actor.load_state_dict(load_causal_lm(path, str(cfg.model.dtype)).state_dict())
-    out = []
-    for split, table in (("train", train), ("test", test)):
-        inputs = router_inputs(policy, split_records(cfg, split, limit))
-        out.append(ReplayTable(inputs, table.reward, table.cost, table.label))
+    records = {split: split_records(cfg, split, limit) for split in ("train", "test")}
     log.info("router inputs from %s", path)
-    return tuple(out)
+    return with_policy_inputs(policy, records, train, test)
 
 
 def with_pooling(run: Path, router, train, test, limit: int):
@@ -116,7 +123,6 @@ def with_pooling(run: Path, router, train, test, limit: int):
     fitted on the training prompts as a run fits them. Rewards unchanged."""
     from src.jobs.inference import load_router_policy
     from src.jobs.router_pooling import fit_sif_pooling
-    from src.jobs.router_replay import ReplayTable, router_inputs
     from src.models.router_policy import RouterPolicy
 
     policy = load_router_policy(run, device="cpu")
@@ -128,12 +134,8 @@ def with_pooling(run: Path, router, train, test, limit: int):
     if router.pooling == "sif":
         ids = [policy.prompt_ids(r.messages) for r in records["train"]]
         fit_sif_pooling(module, ids, policy.tokenizer.pad_token_id)
-    out = [
-        ReplayTable(router_inputs(policy, records[split]), table.reward, table.cost, table.label)
-        for split, table in (("train", train), ("test", test))
-    ]
     log.info("router inputs re-pooled: pooling=%s tail_tokens=%s", router.pooling, router.tail_tokens)
-    return tuple(out)
+    return with_policy_inputs(policy, records, train, test)
 
 
 def main(argv: list[str] | None = None) -> int:

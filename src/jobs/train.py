@@ -66,8 +66,9 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
     # module's initial weights (the router head) must not depend on whether they were cached.
     pl.seed_everything(cfg.seed, workers=True)
     module = build_module(cfg, path)
-    if module.router_head is not None and module.router_cfg.pooling == "sif":
-        # fitted on the starting backbone; a resumed run's checkpoint then restores the same values
+    ckpt = point.checkpoint if point else None
+    if ckpt is None and module.router_head is not None and module.router_cfg.pooling == "sif":
+        # fitted on the starting backbone; a resumed run restores them from its checkpoint instead
         fit_sif_pooling(module, training_prompt_ids(datamodule), tokenizer.pad_token_id)
     callbacks = [
         StepOnlyScalars(),  # first: it clears the previous step's values before anyone logs
@@ -76,7 +77,6 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
         *configured_callbacks(cfg),
     ]
     trainer = build_trainer(cfg, callbacks)
-    ckpt = point.checkpoint if point else None
     # the datamodules restore the mid-epoch position themselves (their state_dict), so Lightning's
     # "dataloader is not resumable" warning does not apply
     warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch")
