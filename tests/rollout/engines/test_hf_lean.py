@@ -1,6 +1,7 @@
 """The lean Llama / Qwen2 decode step (``decode=lean``) against the HF forward it replaces."""
 
 import contextlib
+import copy
 import logging
 
 import pytest
@@ -97,6 +98,23 @@ def test_lean_greedy_tokens_equal_the_loop_and_the_hf_forward_runs_only_the_pref
     assert got.token_lists() == ref.token_lists()
     assert all(len(t) == 10 for t in got.token_lists())
     assert len(calls) == 1  # one prefill; the 9 decode steps never entered the module's forward
+
+
+def test_the_lean_step_reads_the_weights_of_each_call_not_a_copy_from_an_earlier_one(model):
+    """An optimizer step between two generate calls changes what the next call decodes with (the
+    products read the module's own tensors; the fused q/k/v and gate/up are concatenated per call)."""
+    model = copy.deepcopy(model)  # the embedded model is shared by the session's tests
+    prompts = _prompts(model.config.vocab_size)
+    sampling = SamplingParams(n=2, temperature=0.0, max_new_tokens=8)
+    lean, loop = _engine(model, LEAN, eos=[]), _engine(model, LOOP, eos=[])
+    before = lean.generate(prompts, sampling).token_lists()
+    with torch.no_grad():  # an in-place update, as the optimizer makes it
+        g = torch.Generator().manual_seed(7)
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.5)
+    after = lean.generate(prompts, sampling).token_lists()
+    assert after == loop.generate(prompts, sampling).token_lists()
+    assert after != before
 
 
 @pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.9)])
