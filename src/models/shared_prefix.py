@@ -5,7 +5,9 @@ left-padded to P and the response right-padded to T. The plain forward runs all 
 P + T tokens, so every prompt goes through the model G times. The shared forward runs each unique
 prompt once with a ``DynamicCache``, gives every response its group's cache rows (a broadcast or an
 index into the key/value tensors, so gradients flow back into the one prompt pass), then runs only
-the response tokens on top of that cache.
+the response tokens on top of that cache. Where ``src.models.prompt_cache`` applies (Llama / Qwen2,
+unsharded weights) the prompt pass skips the last layer's work that no response reads (everything
+but its keys / values) and the prompt's last token joins the response pass.
 
 Both return the logits that predict the T response tokens: position P - 1 (the last prompt token)
 predicts response token 0, position P + t - 1 predicts response token t, i.e. the plain forward's
@@ -22,6 +24,8 @@ from __future__ import annotations
 import logging
 
 import torch
+
+from src.models.prompt_cache import trim_reason, trimmed_prompt_cache
 
 log = logging.getLogger(__name__)
 
@@ -123,8 +127,10 @@ def shared_prompt_logit_pieces(
     groups: [N] any ids; rows with equal ids must have the same prompt (``prompt_groups``).
     Returns pieces whose concatenation along dim 1 is [N, T, V], entry t predicting response token t
     (the values of ``plain_response_logits``): the last prompt position's logits [N, 1, V] and the
-    response pass's [N, T - 1, V], or one piece. Kept apart, a caller that reduces each position
-    (``token_log_probs_and_entropy``) never copies the two into one vocabulary-sized tensor.
+    response pass's [N, T - 1, V], or one piece (the plain forward's, or the response pass's
+    [N, T, V] after the trimmed prompt pass of ``src.models.prompt_cache``, which leaves the prompt's
+    last token to it). Kept apart, a caller that reduces each position
+    (``token_log_probs_and_entropy``) never copies the pieces into one vocabulary-sized tensor.
     """
     total = input_ids.shape[1]
     prompt_len = total - width
@@ -133,13 +139,22 @@ def shared_prompt_logit_pieces(
     from transformers import DynamicCache
 
     first, inverse = _representatives(groups.to(input_ids.device))
+    prompt_ids, prompt_mask, prompt_pos = (
+        t[first, :prompt_len] for t in (input_ids, attention_mask, position_ids)
+    )
+    if trim_reason(model, prompt_mask) is None:
+        # the prompts' first P - 1 tokens, the last layer's keys / values only; their last token
+        # leads the response pass, whose logits are then all T pieces (src.models.prompt_cache)
+        cache = trimmed_prompt_cache(model, prompt_ids[:, :-1], prompt_mask[:, :-1], prompt_pos[:, :-1])
+        _spread_cache(cache, inverse)
+        return [_response_pass(model, input_ids, attention_mask, position_ids, prompt_len - 1, cache)]
     # The prompt pass ends at the last prompt token and its logits are used: under FSDP2 a module's
     # pre-backward hook (which gathers its sharded weights) fires on its forward outputs, so the
     # prompt pass's output must carry gradient, not only the keys / values in its cache.
     prompt = model(
-        input_ids=input_ids[first, :prompt_len],
-        attention_mask=attention_mask[first, :prompt_len],
-        position_ids=position_ids[first, :prompt_len],
+        input_ids=prompt_ids,
+        attention_mask=prompt_mask,
+        position_ids=prompt_pos,
         past_key_values=DynamicCache(),
         use_cache=True,
         logits_to_keep=1,
@@ -154,14 +169,18 @@ def shared_prompt_logit_pieces(
     if width == 1:
         return [last_prompt]
     _spread_cache(cache, inverse)  # [U, ...] -> [N, ...], differentiable
-    response = model(
-        input_ids=input_ids[:, prompt_len:-1],
+    return [last_prompt, _response_pass(model, input_ids, attention_mask, position_ids, prompt_len, cache)]
+
+
+def _response_pass(model, input_ids, attention_mask, position_ids, start: int, cache) -> torch.Tensor:
+    """Logits [N, L - 1 - start, V] of columns start .. L - 2 on top of ``cache`` (columns < start)."""
+    return model(
+        input_ids=input_ids[:, start:-1],
         attention_mask=attention_mask[:, :-1],
-        position_ids=position_ids[:, prompt_len:-1],
+        position_ids=position_ids[:, start:-1],
         past_key_values=cache,
         use_cache=True,
-    )
-    return [last_prompt, response.logits]
+    ).logits
 
 
 def shared_prompt_logits(

@@ -9,8 +9,9 @@ import torch
 
 from src.algorithms.losses import token_log_probs_and_entropy
 from src.config.schema import AlgorithmConfig, OptimConfig, RouterHeadConfig
-from src.models.loading import LoraSettings, load_causal_lm
+from src.models.loading import LoraSettings, decoder_of, load_causal_lm
 from src.models.module import ToolRouterModule, position_ids
+from src.models.prompt_cache import trim_reason
 from src.models.shared_prefix import plain_response_logits, prompt_groups, shared_prompt_logits
 from src.rollout.batch import RolloutBatch
 
@@ -18,15 +19,16 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 GROUP_SIZES = [3, 1, 5, 2]  # one row alone, the others shared
 PROMPT_LENGTHS = [9, 2, 6, 1]  # left padding differs between prompts (P = 9)
+TRIMMABLE = [9, 2, 6, 3]  # no one-token prompt: the trimmed prompt pass applies (src.models.prompt_cache)
 
 
-def random_batch(vocab: int, seed: int = 0, width: int = 7, shuffle: bool = True):
+def random_batch(vocab: int, seed: int = 0, width: int = 7, shuffle: bool = True, lengths=PROMPT_LENGTHS):
     """(input_ids, attention_mask, group ids) [N, P + width]: random prompts and responses, response
     lengths 0..width (right padding), rows of a group scattered over the batch when ``shuffle``."""
     g = torch.Generator().manual_seed(seed)
-    width_p = max(PROMPT_LENGTHS)
+    width_p = max(lengths)
     rows = []
-    for group, (size, length) in enumerate(zip(GROUP_SIZES, PROMPT_LENGTHS)):
+    for group, (size, length) in enumerate(zip(GROUP_SIZES, lengths)):
         prompt = torch.randint(5, vocab, (length,), generator=g)
         rows += [(group, prompt, int(torch.randint(0, width + 1, (), generator=g))) for _ in range(size)]
     if shuffle:
@@ -158,8 +160,8 @@ def make_module(tiny, shared: bool, **algo) -> ToolRouterModule:
     return module
 
 
-def rollout(vocab: int) -> RolloutBatch:
-    ids, mask, groups = random_batch(vocab, seed=6)
+def rollout(vocab: int, lengths=PROMPT_LENGTHS) -> RolloutBatch:
+    ids, mask, groups = random_batch(vocab, seed=6, lengths=lengths)
     n, g = len(ids), torch.Generator().manual_seed(7)
     return RolloutBatch(
         input_ids=ids,
@@ -183,12 +185,13 @@ def step_gradients(module: ToolRouterModule, rb: RolloutBatch):
     return chunks, inputs, parts, grads
 
 
+@pytest.mark.parametrize("lengths", [PROMPT_LENGTHS, TRIMMABLE], ids=["whole-prompt-pass", "trimmed"])
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
-def test_module_step_is_the_same_with_the_shared_forward(tiny, mode):
+def test_module_step_is_the_same_with_the_shared_forward(tiny, mode, lengths):
     """PPO minibatches (old pass), KL (reference pass), entropy; micro-batches that cut groups."""
     algo = {"loss_agg_mode": mode, "ppo_mini_batch_size": 8, "micro_batch_size": 3}
     algo |= {"entropy_coeff": 0.01, "kl_coef": 0.1}
-    rb = rollout(tiny[0].config.vocab_size)
+    rb = rollout(tiny[0].config.vocab_size, lengths)
     plain = step_gradients(make_module(tiny, False, **algo), rb)
     shared = step_gradients(make_module(tiny, True, **algo), rb)
     # the same rows per minibatch, grouped by prompt in the shared module's
@@ -230,3 +233,87 @@ def test_equal_groups_in_runs_broadcast_the_prompt_cache(model, monkeypatch):
 
     monkeypatch.setattr(DynamicCache, "batch_select_indices", refuse)
     assert_same(model, ids, mask, groups, width, torch.full((len(ids),), 0.9))
+
+
+# ---------------------------------------------------------------- the trimmed prompt pass
+
+
+def random_model(model_type: str):
+    """A random 3-layer model: GQA (4 query heads on 2 kv heads), every bias drawn non-zero."""
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+    )
+
+    common = {
+        "vocab_size": 96, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 3,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256, "pad_token_id": 0,
+    }  # fmt: skip
+    torch.manual_seed(0)
+    built = {
+        "qwen2": lambda: Qwen2ForCausalLM(Qwen2Config(**common)),
+        "llama": lambda: LlamaForCausalLM(LlamaConfig(attention_bias=True, mlp_bias=True, **common)),
+        "qwen3": lambda: Qwen3ForCausalLM(Qwen3Config(attention_bias=True, **common)),  # k-norm
+    }[model_type]()
+    with torch.no_grad():
+        for name, p in built.named_parameters():
+            if name.endswith(("bias", "norm.weight")):
+                p.normal_(0.5 if name.endswith("bias") else 1.0, 0.5)
+    return built.eval()
+
+
+def last_layer_rows(model) -> list[int]:
+    """Token rows the last decoder layer's MLP sees, per call (grows as the model runs)."""
+    rows = []
+    decoder_of(model).layers[-1].mlp.register_forward_hook(
+        lambda _m, args, _o: rows.append(args[0].shape[:-1].numel())
+    )
+    return rows
+
+
+@pytest.mark.parametrize("kind", ["embedded", "qwen2", "llama"])
+def test_the_trimmed_prompt_pass_gives_the_full_passs_values_and_gradients(tiny, kind):
+    # the random models (large biases and norm weights) in float64: in fp32 their last layer's
+    # key-projection gradients cancel to ~1e-4 of their terms' size, so rounding alone moves them
+    model = copy.deepcopy(tiny[0]).eval() if kind == "embedded" else random_model(kind).double()
+    ids, mask, groups = random_batch(model.config.vocab_size, seed=8, lengths=TRIMMABLE)
+    width, prompt_len = 7, max(TRIMMABLE)
+    first = torch.unique(groups, return_inverse=True)[1]
+    assert trim_reason(model, mask[:, :prompt_len]) is None
+    rows = last_layer_rows(model)
+    assert_same(model, ids, mask, groups, width, torch.linspace(0.6, 1.3, len(ids)))
+    plain, shared = rows  # the plain forward's call, then the shared forward's only call
+    assert plain == len(ids) * (prompt_len + width)
+    # the last layer ran on the response pass alone (each row's last prompt token + T - 1 tokens):
+    # not on the prompts (the whole pass would add U x P rows in a call of its own)
+    assert shared == len(ids) * width and int(first.max()) + 1 == len(GROUP_SIZES)
+
+
+def test_the_trimmed_prompt_pass_under_lora(tiny_model_dir):
+    model = load_causal_lm(tiny_model_dir, lora=LoraSettings(enable=True)).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05, generator=torch.Generator().manual_seed(len(name)))
+    ids, mask, groups = random_batch(model.config.vocab_size, seed=9, lengths=TRIMMABLE)
+    assert trim_reason(model, mask[:, : max(TRIMMABLE)]) is None
+    assert_same(model, ids, mask, groups, 7, torch.full((len(ids),), 0.8))
+
+
+def test_the_whole_prompt_pass_runs_where_trimming_does_not_apply():
+    """A model whose keys are normalised per head (Qwen3's k_norm) or a one-token prompt: the shared
+    forward keeps the whole prompt pass, with the same values as the plain one."""
+    qwen3 = random_model("qwen3").double()
+    ids, mask, groups = random_batch(qwen3.config.vocab_size, seed=10, lengths=TRIMMABLE)
+    assert trim_reason(qwen3, mask[:, :9]) == "model_type 'qwen3'"
+    assert_same(qwen3, ids, mask, groups, 7, torch.full((len(ids),), 1.0))
+    qwen2 = random_model("qwen2").double()
+    ids, mask, groups = random_batch(qwen2.config.vocab_size, seed=10)  # a prompt of one token
+    assert trim_reason(qwen2, mask[:, :9]) == "a prompt of one token"
+    rows = last_layer_rows(qwen2)
+    assert_same(qwen2, ids, mask, groups, 7, torch.full((len(ids),), 1.0))
+    assert rows[1] == len(GROUP_SIZES) * 9  # the prompt pass's call: U x P rows
