@@ -41,8 +41,10 @@ def trim_reason(model, prompt_mask: torch.Tensor) -> str | None:
         return "sharded weights"
     body = decoder_of(model)
     layers = getattr(body, "layers", None)
-    if layers is None or len(layers) < 2 or body.config.num_hidden_layers != len(layers):
+    if layers is None or len(layers) < 2:
         return "fewer than two decoder layers"
+    if body.config.num_hidden_layers != len(layers):  # the pass lowers it by one for its call
+        return f"config.num_hidden_layers {body.config.num_hidden_layers} != {len(layers)} layers"
     if getattr(getattr(body, "rotary_emb", None), "rope_type", None) != "default":
         return "a rope_type other than 'default'"
     if prompt_mask.shape[1] < 2 or not bool(prompt_mask[:, :-1].any(-1).all()):
