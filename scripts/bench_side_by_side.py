@@ -1,14 +1,20 @@
-"""Side by side with TRL's ``GRPOTrainer`` on CPU (issue 21): alternating runs, one process at a time.
+"""Side by side with TRL's ``GRPOTrainer`` (issue 21): alternating runs, one process at a time.
 
     python scripts/bench_side_by_side.py --work $W --settings P4G4T64,P4G8T64,P4G4T128,P4G4T256 \\
         --engines hf,vllm --rounds 3
+    # on a GPU, the ~0.37 B model in bf16 (../shared/bench/README.md):
+    python scripts/bench_side_by_side.py --work $W --model q05b --device cuda --settings P8G8T256 \\
+        --engines hf,hfgraph --rounds 2
 
-``$W`` holds the 6.3 M model (``$W/m6``) and the cut prompts (``$W/trunc512.parquet``) of
-``../shared/bench/README.md``. Each round runs, per setting, TRL's peer, then ours with each engine,
+``$W`` holds the model (``$W/<--model>``, default the 6.3 M ``m6``) and the cut prompts
+(``$W/trunc512.parquet``) of ``../shared/bench/README.md``. Our engines: ``hf`` (decode=lean),
+``hfgraph`` (decode=lean replayed as CUDA graphs), ``hfgen`` (HF generate), ``vllm``. Each round runs, per setting, TRL's peer, then ours with each engine,
 each under ``/usr/bin/time -v`` with the same glibc allocator setting on every side (``--allocator
 tuned``: ``MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=64GiB``; ``default`` leaves glibc alone). TRL
 uses torch's default threads (both cores); ours runs with ``trainer.threads=null`` (the same). Before
-each run: the 1-minute load average and a 2048x2048 fp32 matmul probe (both threads).
+each run: the 1-minute load average and a matmul probe (CPU: 2048x2048 fp32 on both threads; CUDA:
+8192x8192 bf16). Where ``/usr/bin/time`` is missing, the context switches and page faults come from
+``getrusage`` of the finished child (no peak RSS).
 
 Writes one JSON line per run to ``--out`` (default ``$W/side_by_side.jsonl``; appended, so rounds of
 several invocations pool) and prints a summary table over all lines of that file matching the
@@ -25,6 +31,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -56,14 +63,19 @@ def needed_flops(n_params: int, s: dict, prompt_tokens: float) -> float:
     return 2 * n_params * generated + 6 * n_params * (s["P"] * prompt_tokens + generated)
 
 
-def matmul_gflops(n: int = 2048, reps: int = 5) -> float:
+def matmul_gflops(device: str = "cpu") -> float:
+    """The measured matmul rate the FLOP share is taken of: fp32 on CPU, bf16 on CUDA."""
     import torch
 
-    a, b = torch.randn(n, n), torch.randn(n, n)
+    n, reps, dtype = (2048, 5, torch.float32) if device == "cpu" else (8192, 20, torch.bfloat16)
+    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
     a @ b
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    sync()
     t0 = time.perf_counter()
     for _ in range(reps):
         a @ b
+    sync()
     return 2 * n**3 * reps / (time.perf_counter() - t0) / 1e9
 
 
@@ -87,25 +99,31 @@ def _numel(shape) -> int:
 
 def trl_command(args, s: dict) -> list[str]:
     return [
-        args.trl_python, str(PEER), str(args.work / "m6"), str(args.work / "trunc512.parquet"),
+        args.trl_python, str(args.peer), str(args.work / args.model), str(args.work / "trunc512.parquet"),
         "--steps", str(args.steps), "--prompts-per-step", str(s["P"]), "--group", str(s["G"]),
-        "--max-new-tokens", str(s["T"]), "--max-prompt-tokens", "512", "--device", "cpu",
-        "--dtype", "float32",
+        "--max-new-tokens", str(s["T"]), "--max-prompt-tokens", "512", "--device", args.device,
+        "--dtype", args.dtype,
     ]  # fmt: skip
 
 
 def ours_command(args, s: dict, engine: str, run_dir: Path) -> list[str]:
     python = args.vllm_python if engine == "vllm" else args.python
     cmd = [
-        python, str(REPO / "scripts" / "benchmark.py"), "experiment=grpo", f"model.path={args.work / 'm6'}",
+        python, str(REPO / "scripts" / "benchmark.py"), "experiment=grpo", f"model.path={args.work / args.model}",
         "model.warm_start=null", "data=rlla", f"data.train_files=[{args.work / 'trunc512.parquet'}]",
         "data.max_prompt_length=512", f"sampling.n_prompts={s['P']}", f"sampling.n_generations_per_prompt={s['G']}",
         f"sampling.max_new_tokens={s['T']}", f"sampling.min_new_tokens={s['T']}", "algorithm.use_kl_loss=false",
         f"trainer.max_steps={args.steps}", "trainer.save_freq=100000", "trainer.threads=null", f"run_dir={run_dir}",
     ]  # fmt: skip
+    if args.device == "cuda":
+        # bf16 weights under bf16 autocast: what TRL's --dtype bfloat16 (its bf16 flag) runs
+        cmd += ["trainer.accelerator=gpu", f"model.dtype={args.dtype}",
+                "trainer.precision=" + ("bf16-mixed" if args.dtype == "bfloat16" else "32-true")]  # fmt: skip
     if engine == "vllm":
         cmd += ["rollout=vllm", f"rollout.engines.vllm.kv_cache_memory_gib={args.vllm_kv_gib}",
                 "rollout.engines.vllm.max_model_len=1024"]  # fmt: skip
+    elif engine == "hfgraph":
+        cmd += ["rollout.engines.hf.decode=lean", "rollout.engines.hf.cuda_graph=true"]
     else:
         # "hfgen": the HF engine with Hugging Face generate, beside the loop (an A/B under one load)
         cmd += [f"rollout.engines.hf.decode={'generate' if engine == 'hfgen' else args.hf_decode}"]
@@ -122,6 +140,16 @@ def time_v(stderr: str) -> dict:
     return out
 
 
+def rusage_delta(before) -> dict:
+    """The ``time_v`` fields but peak RSS, from ``getrusage`` of the children that finished since."""
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return {
+        "involuntary_cs": after.ru_nivcsw - before.ru_nivcsw,
+        "voluntary_cs": after.ru_nvcsw - before.ru_nvcsw,
+        "minor_faults": after.ru_minflt - before.ru_minflt,
+    }
+
+
 def last_json(stdout: str) -> dict:
     for line in reversed(stdout.splitlines()):
         if line.startswith("{"):
@@ -134,16 +162,25 @@ def run_one(args, side: str, s: dict, round_no: int, n_params: int) -> dict:
     logs = args.work / "side_by_side_logs"
     logs.mkdir(parents=True, exist_ok=True)
     cmd = trl_command(args, s) if side == "trl" else ours_command(args, s, side.split("-")[1], logs / tag)
-    env = {**os.environ, "PYTHONPATH": str(REPO), **(ALLOCATOR if args.allocator == "tuned" else {})}
-    probe, load = matmul_gflops(), os.getloadavg()[0]
+    path = os.pathsep.join(x for x in (str(REPO), os.environ.get("PYTHONPATH")) if x)
+    env = {**os.environ, "PYTHONPATH": path, **(ALLOCATOR if args.allocator == "tuned" else {})}
+    probe, load = matmul_gflops(args.device), os.getloadavg()[0]
+    timed = Path("/usr/bin/time").exists()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.run(
-        ["/usr/bin/time", "-v", *cmd], env=env, cwd=REPO, capture_output=True, text=True, check=False
+        ["/usr/bin/time", "-v", *cmd] if timed else cmd,
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     (logs / f"{tag}.log").write_text(proc.stdout + "\n---- stderr ----\n" + proc.stderr)
     out = last_json(proc.stdout)
     row = {"tag": tag, "side": side, **s, "round": round_no, "allocator": args.allocator, "rc": proc.returncode,
            "load1_before": load, "load1_after": os.getloadavg()[0], "matmul_gflops_before": probe,
-           "date": time.strftime("%Y-%m-%d %H:%M"), **time_v(proc.stderr)}  # fmt: skip
+           "device": args.device, "dtype": args.dtype, "model": args.model, "date": time.strftime("%Y-%m-%d %H:%M"),
+           **(time_v(proc.stderr) if timed else rusage_delta(before))}  # fmt: skip
     if side == "trl" and out:
         prompt = statistics.mean(out["prompt_tokens_mean_per_step"])
         row.update(s_per_step=out["sec_per_step_median"], generation_s=out["gen_sec_per_step_median"],
@@ -190,15 +227,25 @@ def summary(rows: list[dict], settings: list[dict], max_cs: int) -> str:
 
 def parse_args(argv: list[str]):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--work", type=Path, required=True, help="holds m6/ and trunc512.parquet")
+    ap.add_argument("--work", type=Path, required=True, help="holds the model folder and trunc512.parquet")
+    ap.add_argument("--model", default="m6", help="the model's folder under --work")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument(
+        "--dtype", choices=["float32", "bfloat16"], default=None, help="default: fp32 on CPU, bf16 on CUDA"
+    )
     ap.add_argument("--settings", default="P4G4T64,P4G8T64,P4G4T128,P4G4T256")
     ap.add_argument(
-        "--engines", default="hf,vllm", help="ours: hf, vllm, hfgen (HF generate), comma-separated"
+        "--engines",
+        default="hf,vllm",
+        help="ours: hf (decode=lean), hfgraph (lean as CUDA graphs), hfgen (HF generate), vllm; comma-separated",
     )
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--allocator", choices=["tuned", "default"], default="tuned")
     ap.add_argument("--trl-python", default="/work/venv-trl/bin/python")
+    ap.add_argument(
+        "--peer", type=Path, default=PEER, help="TRL's peer script (../shared/bench/peers/trl_grpo.py)"
+    )
     ap.add_argument("--vllm-python", default=str(REPO / ".venv-vllm" / "bin" / "python"))
     ap.add_argument("--python", default=sys.executable, help="ours with the HF engine")
     ap.add_argument("--hf-decode", default="lean", choices=["lean", "loop", "generate"])
@@ -212,10 +259,11 @@ def parse_args(argv: list[str]):
 def main(argv: list[str]) -> None:
     args = parse_args(argv)
     args.work = args.work.resolve()
+    args.dtype = args.dtype or ("float32" if args.device == "cpu" else "bfloat16")
     out = args.out or args.work / "side_by_side.jsonl"
     settings = [parse_setting(x) for x in args.settings.split(",")]
     sides = ([] if args.no_trl else ["trl"]) + [f"ours-{e.strip()}" for e in args.engines.split(",")]
-    n_params = model_params(args.work / "m6")
+    n_params = model_params(args.work / args.model)
     for round_no in range(1, args.rounds + 1):
         for s in settings:
             for side in sides:
@@ -224,7 +272,11 @@ def main(argv: list[str]) -> None:
                     f.write(json.dumps(row) + "\n")
                 print(json.dumps(row), flush=True)
     rows = [json.loads(x) for x in out.read_text().splitlines() if x.strip()]
-    rows = [r for r in rows if r.get("allocator") == args.allocator]
+    rows = [
+        r for r in rows
+        if r.get("allocator") == args.allocator and r.get("device", "cpu") == args.device
+        and r.get("model", "m6") == args.model
+    ]  # fmt: skip
     print(summary(rows, settings, args.max_involuntary_cs))
 
 

@@ -40,6 +40,10 @@ class HFEngineSettings:
         ``hf_decode``) | generate (Hugging Face ``generate`` with the settings below).
     cache_implementation: dynamic | static (static: fixed-shape KV cache, reusable compiled graphs).
     compile: compile the decoding forward (static cache only; on CPU too).
+    cuda_graph: decode=lean on a CUDA device: each decode step replays one CUDA graph of the
+        fixed-shape lean step (``hf_graph``; a GPU's eager step is bound by kernel launches). Where
+        the lean step falls back to the HF forward (LoRA, sharded weights, other models), it decodes
+        eagerly. On a CPU device: an error.
     share_prefill: prefill each prompt once and expand its cache n times (dynamic cache only).
     pad_to_multiple_of: bucket the left-padded prompt width (1 = no bucketing).
     logprobs_from: scores (recorded while sampling) | forward (a teacher-forced pass after generate).
@@ -49,6 +53,7 @@ class HFEngineSettings:
     decode: str = "lean"
     cache_implementation: str = "dynamic"
     compile: bool = False
+    cuda_graph: bool = False
     share_prefill: bool = True
     pad_to_multiple_of: int = 1
     logprobs_from: str = "scores"
@@ -66,6 +71,11 @@ class HFEngineSettings:
             raise ValueError(
                 "rollout.engines.hf.compile / cache_implementation / share_prefill apply to decode=generate "
                 "(decode=lean / loop always prefill each prompt once into their own cache)"
+            )
+        if self.cuda_graph and self.decode != "lean":
+            raise ValueError(
+                f"rollout.engines.hf.cuda_graph=true needs decode=lean (got decode={self.decode!r}): "
+                "only the lean step has the fixed shapes a CUDA graph replays"
             )
         if self.logprobs_from not in LOGPROB_SOURCES:
             raise ValueError(
@@ -203,7 +213,10 @@ class HFGenerateEngine:
         n = 1 if greedy else sampling.n
         synced = sharding_of(self.model) is not None
         step = DecodeStep(sampling, stop, self.pad_token_id, synced, device=ids.device)
-        resp, logp = decode(self.model, ids, attn, n, step, lean=self._lean(synced))
+        lean = self._lean(synced)
+        resp, logp = decode(
+            self.model, ids, attn, n, step, lean=lean, cuda_graph=lean and self.settings.cuda_graph
+        )
         if greedy:
             resp, logp = resp.repeat_interleave(sampling.n, 0), logp.repeat_interleave(sampling.n, 0)
         mask = mask_after_stop(resp, stop)

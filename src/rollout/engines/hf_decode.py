@@ -129,6 +129,7 @@ def decode(
     n: int,
     step: DecodeStep,
     lean: bool = False,
+    cuda_graph: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample ``n`` continuations of each left-padded prompt.
 
@@ -136,13 +137,20 @@ def decode(
         ids, attn: [P, L] left-padded prompts and their mask.
         lean: decode steps through ``hf_lean.LeanStep`` (the caller checked the model is supported)
             instead of the model's forward.
+        cuda_graph: with ``lean``, each step replays one CUDA graph of the fixed-shape lean step
+            (``hf_graph``; the model on a CUDA device).
     Returns:
         (tokens [P*n, T'], log_probs [P*n, T']) prompt-major, T' <= max_new_tokens (the loop ends
         once every row has stopped); after a row's stop token: ``step.pad_id`` and log-prob 0. Greedy
         decoding records log-prob 0 (probability 1).
     """
-    start = lean_stepper if lean else hf_stepper
-    logits, forward = start(model, ids, attn, n, step.sampling.max_new_tokens)
+    if cuda_graph and not lean:
+        raise ValueError("decode(cuda_graph=True) needs lean=True: only the lean step has fixed shapes")
+    t_max = step.sampling.max_new_tokens
+    if lean:
+        logits, forward = lean_stepper(model, ids, attn, n, t_max, cuda_graph=cuda_graph)
+    else:
+        logits, forward = hf_stepper(model, ids, attn, n, t_max)
     return _loop(forward, logits, step)
 
 
@@ -170,16 +178,21 @@ def hf_stepper(model, ids: torch.Tensor, attn: torch.Tensor, n: int, t_max: int)
     return logits.repeat_interleave(n, 0), forward
 
 
-def lean_stepper(model, ids: torch.Tensor, attn: torch.Tensor, n: int, t_max: int):
+def lean_stepper(model, ids: torch.Tensor, attn: torch.Tensor, n: int, t_max: int, cuda_graph: bool = False):
     """As :func:`hf_stepper`, the prefill through the model once per prompt (its cache kept once per
-    prompt), the decode steps through ``hf_lean.LeanStep``."""
+    prompt), the decode steps through ``hf_lean.LeanStep`` (``cuda_graph``: its fixed-shape form,
+    replayed as one CUDA graph, ``hf_graph.GraphedStep``)."""
     from transformers import DynamicCache
 
+    from src.rollout.engines.hf_graph import GraphedStep
     from src.rollout.engines.hf_lean import LeanStep
 
     cache = DynamicCache()
     logits = _prefill(model, ids, attn, cache)
-    return logits.repeat_interleave(n, 0), LeanStep(model, cache, attn, n, t_max)
+    if not cuda_graph:
+        return logits.repeat_interleave(n, 0), LeanStep(model, cache, attn, n, t_max)
+    fixed = LeanStep(model, cache, attn, n, t_max, fixed_shape=True)
+    return logits.repeat_interleave(n, 0), GraphedStep(fixed, ids.shape[0] * n, ids.device)
 
 
 def _prefill(model, ids: torch.Tensor, attn: torch.Tensor, cache) -> torch.Tensor:

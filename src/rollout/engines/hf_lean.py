@@ -21,6 +21,12 @@ are live):
   decode position come from the model's own rotary embedding, once per generate call;
 - the LM head runs on the one new position.
 
+With ``fixed_shape`` the step's shapes do not depend on the slot j (a 0-dim device tensor then):
+each row attends to all T_max of its own slots with those after j masked, and slot j is written by
+``index_copy_``. It does more work than the sliced step (T_max own slots instead of j + 1), but one
+CUDA graph of it replays every step (``hf_graph``), which is what a GPU needs: there one decode
+token of a 0.37 B model is ~600 kernel launches, far more time than their arithmetic.
+
 It supports exactly what :func:`unsupported_reason` checks; anything else decodes through the HF
 forward (``hf_decode``), with the reason logged once.
 """
@@ -133,23 +139,24 @@ class LeanStep:
 
     Built once per generate call from the prefill's cache (``cache.layers[i].keys / values``,
     [P, kv, W, d], RoPE applied), the prompts' mask [P, W] and the group size n; rows are
-    prompt-major (row = prompt * n + sample).
+    prompt-major (row = prompt * n + sample). ``fixed_shape``: j is a 0-dim long tensor on the
+    device and no shape depends on it (module docstring).
     """
 
-    def __init__(self, model, cache, attn: torch.Tensor, n: int, t_max: int):
+    def __init__(self, model, cache, attn: torch.Tensor, n: int, t_max: int, fixed_shape: bool = False):
         body = model.model
-        self.model, self.n = model, n
+        self.model, self.n, self.fixed_shape = model, n, fixed_shape
         # keys stored transposed ([P, kv, d, W], once per call): the per-step product with the few
         # queries of a group runs ~2x faster on a contiguous K^T than on a transposed view
         self.prompt_kv = [(layer.keys.transpose(-1, -2).contiguous(), layer.values) for layer in cache.layers]
         p, kv_heads, head_dim, _ = self.prompt_kv[0][0].shape
         self.rep = model.config.num_attention_heads // kv_heads
         keys = self.prompt_kv[0][0]
+        # the fixed-shape step reads slots not yet written (masked): they must hold finite values,
+        # as 0 * NaN of uninitialised memory would not vanish
+        new = keys.new_zeros if fixed_shape else keys.new_empty
         self.gen_kv = [
-            (
-                keys.new_empty((p, kv_heads, n, t_max, head_dim)),
-                keys.new_empty((p, kv_heads, n, t_max, head_dim)),
-            )
+            (new((p, kv_heads, n, t_max, head_dim)), new((p, kv_heads, n, t_max, head_dim)))
             for _ in body.layers
         ]
         bias = torch.zeros(attn.shape, dtype=keys.dtype, device=keys.device).masked_fill_(
@@ -164,34 +171,34 @@ class LeanStep:
         sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
         self.cos, self.sin = cos.transpose(0, 1)[:, :, None], sin.transpose(0, 1)[:, :, None]
 
-    def __call__(self, tokens: torch.Tensor, j: int) -> torch.Tensor:
+    def __call__(self, tokens: torch.Tensor, j: int | torch.Tensor) -> torch.Tensor:
         body = self.model.model
+        slot = _Slot.fixed(j, self) if self.fixed_shape else _Slot.sliced(j, self)
         h = F.embedding(tokens, body.embed_tokens.weight)
         for layer, prompt, gen in zip(self.layers, self.prompt_kv, self.gen_kv):
-            h = h + self._attention(layer, _rms_norm(layer.input_norm, h), prompt, gen, j)
+            h = h + self._attention(layer, _rms_norm(layer.input_norm, h), prompt, gen, slot)
             gate, up = _product(_rms_norm(layer.post_norm, h), layer.gate_up).split(layer.inter, dim=-1)
             h = h + _product(F.silu(gate) * up, layer.down)
         # W_head @ x^T is [V, rows]; one transposing copy gives the sampler the rows it reads
         return _product(_rms_norm(body.norm, h), self.head).contiguous()
 
-    def _attention(self, layer: _LayerWeights, x, prompt, gen, j: int) -> torch.Tensor:
+    def _attention(self, layer: _LayerWeights, x, prompt, gen, slot: _Slot) -> torch.Tensor:
         (pk_t, pv), (gk, gv) = prompt, gen
         p, kv_heads, d, width = pk_t.shape
         rows, n, rep = x.shape[0], self.n, self.rep
-        cos, sin = self.cos[j], self.sin[j]  # [rows, 1, d]
         q, k, v = _product(x, layer.qkv).split(layer.split, dim=-1)
-        q = _rope(q.reshape(rows, -1, d), cos, sin) * layer.attn.scaling
-        k = _rope(k.reshape(rows, kv_heads, d), cos, sin)
+        q = _rope(q.reshape(rows, -1, d), slot.cos, slot.sin) * layer.attn.scaling
+        k = _rope(k.reshape(rows, kv_heads, d), slot.cos, slot.sin)
         # grouped layout [P, kv, n, ...]: query head h reads kv head h // rep (HF's repeat_kv)
-        gk[:, :, :, j] = k.view(p, n, kv_heads, d).transpose(1, 2)
-        gv[:, :, :, j] = v.reshape(p, n, kv_heads, d).transpose(1, 2)
+        own_k = slot.write(gk, k.view(p, n, kv_heads, d).transpose(1, 2))
+        own_v = slot.write(gv, v.reshape(p, n, kv_heads, d).transpose(1, 2))
         qg = q.view(p, n, kv_heads, rep, d).transpose(1, 2)  # [P, kv, n, rep, d]
-        own_k, own_v = gk[:, :, :, : j + 1], gv[:, :, :, : j + 1]
         on_prompt = torch.matmul(qg.reshape(p, kv_heads, n * rep, d), pk_t)
+        on_own = torch.matmul(qg, own_k.transpose(-1, -2))
         scores = torch.cat(
             (
                 on_prompt.view(p, kv_heads, n, rep, width) + self.bias,
-                torch.matmul(qg, own_k.transpose(-1, -2)),
+                on_own if slot.own_bias is None else on_own + slot.own_bias,
             ),
             dim=-1,
         )
@@ -201,3 +208,37 @@ class LeanStep:
         )
         out = out + torch.matmul(probs[..., width:], own_v)
         return _product(out.transpose(1, 2).reshape(rows, -1), layer.o)
+
+
+class _Slot:
+    """Where one decode step reads RoPE and writes / reads the rows' own keys and values.
+
+    sliced (j an int): slot j written by indexing, slots 0..j read. fixed (j a 0-dim device
+    tensor): slot j written by ``index_copy_``, all T_max slots read with those after j masked, so
+    no shape or Python value depends on j.
+    """
+
+    def __init__(self, cos, sin, write, own_bias):
+        self.cos, self.sin, self.write, self.own_bias = cos, sin, write, own_bias  # cos / sin [rows, 1, d]
+
+    @classmethod
+    def sliced(cls, j: int, step: LeanStep) -> _Slot:
+        def write(cache: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+            cache[:, :, :, j] = new
+            return cache[:, :, :, : j + 1]
+
+        return cls(step.cos[j], step.sin[j], write, None)
+
+    @classmethod
+    def fixed(cls, j: torch.Tensor, step: LeanStep) -> _Slot:
+        at = j.reshape(1)
+        t_max = step.cos.shape[0]
+        slots = torch.arange(t_max, device=j.device)
+        own_bias = torch.zeros(t_max, dtype=step.bias.dtype, device=j.device).masked_fill_(
+            slots > j, float("-inf")
+        )
+
+        def write(cache: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+            return cache.index_copy_(3, at, new[:, :, :, None])
+
+        return cls(step.cos.index_select(0, at)[0], step.sin.index_select(0, at)[0], write, own_bias)
