@@ -32,7 +32,9 @@ fi
   nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
   python3 -c "import sys, torch, transformers, lightning; print(sys.version.split()[0], 'torch', torch.__version__, 'transformers', transformers.__version__, 'lightning', lightning.__version__, torch.cuda.get_device_name())"
   python3 -c "import trl, datasets, hydra, deepspeed; print('trl', trl.__version__, 'datasets', datasets.__version__, 'hydra', hydra.__version__, 'deepspeed', deepspeed.__version__)" 2>&1 | tail -1
+  # a device copy of the tree may carry older git metadata than its files: the diff says so
   git -C "$REPO" log -1 --format='commit %h %s' 2>/dev/null || echo "commit: (no git)"
+  git -C "$REPO" status --short 2>/dev/null | head -20
 } 2>&1 | tee "$OUT/env.txt"
 
 W=/tmp/bench
@@ -73,4 +75,6 @@ if [ "$(left)" -gt 150 ]; then
   side_by_side 2 hfgraph,hf
 fi
 part "done"
-tar czf "$OUT/side_by_side_logs.tgz" -C $W side_by_side_logs 2>/dev/null
+# the runs' logs only: their run folders hold checkpoints of the 0.37 B model (GBs; taring them
+# outran the first call's limit on 2026-11-25)
+(cd $W && find side_by_side_logs -maxdepth 1 -name '*.log' -print0 | tar czf "$OUT/side_by_side_logs.tgz" --null -T -)

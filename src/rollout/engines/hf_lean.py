@@ -25,7 +25,7 @@ With ``fixed_shape`` the step's shapes do not depend on the slot j (a 0-dim devi
 each row attends to all T_max of its own slots with those after j masked, and slot j is written by
 ``index_copy_``. It does more work than the sliced step (T_max own slots instead of j + 1), but one
 CUDA graph of it replays every step (``hf_graph``), which is what a GPU needs: there one decode
-token of a 0.37 B model is ~600 kernel launches, far more time than their arithmetic.
+token of a 0.37 B model is ~1,000 kernel launches, far more time than their arithmetic.
 
 It supports exactly what :func:`unsupported_reason` checks; anything else decodes through the HF
 forward (``hf_decode``), with the reason logged once.

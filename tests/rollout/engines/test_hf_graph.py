@@ -11,7 +11,7 @@ from src.rollout.engines.hf_decode import lean_stepper
 from src.rollout.engines.hf_lean import LeanStep
 from src.rollout.engines.types import SamplingParams
 
-LEAN = HFEngineSettings(decode="lean")
+EAGER = HFEngineSettings(decode="lean", cuda_graph=False)
 GRAPHED = HFEngineSettings(decode="lean", cuda_graph=True)
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -61,9 +61,25 @@ def test_the_fixed_shape_step_reads_no_slot_after_j():
     assert torch.equal(again, clean)
 
 
-def test_cuda_graph_needs_decode_lean():
+def test_cuda_graph_needs_decode_lean_and_a_known_value():
     with pytest.raises(ValueError, match="cuda_graph=true needs decode=lean"):
         HFEngineSettings(decode="loop", cuda_graph=True)
+    with pytest.raises(ValueError, match="cuda_graph='always'"):
+        HFEngineSettings(cuda_graph="always")
+    HFEngineSettings(decode="loop")  # the default, auto, asks nothing of other decoders
+
+
+def test_cuda_graph_auto_decodes_a_cpu_model_eagerly():
+    model = _random_model("qwen2")
+    prompts, sampling = _prompts(model.config.vocab_size), SamplingParams(n=2, max_new_tokens=6)
+    assert HFEngineSettings().cuda_graph == "auto"
+    torch.manual_seed(3)
+    auto = HFGenerateEngine(model, PAD, [EOS], settings=HFEngineSettings(decode="lean")).generate(
+        prompts, sampling
+    )
+    torch.manual_seed(3)
+    eager = HFGenerateEngine(model, PAD, [EOS], settings=EAGER).generate(prompts, sampling)
+    assert auto.token_lists() == eager.token_lists()
 
 
 def test_cuda_graph_on_a_cpu_model_is_an_error_that_names_the_setting():
@@ -103,7 +119,7 @@ def test_graphed_decoding_draws_the_tokens_of_eager_lean_decoding_under_one_seed
         SamplingParams(n=4, temperature=1.0, max_new_tokens=12),
     ):
         torch.manual_seed(11)
-        ref = HFGenerateEngine(model, PAD, [EOS], settings=LEAN).generate(prompts, sampling)
+        ref = HFGenerateEngine(model, PAD, [EOS], settings=EAGER).generate(prompts, sampling)
         torch.manual_seed(11)
         got = HFGenerateEngine(model, PAD, [EOS], settings=GRAPHED).generate(prompts, sampling)
         assert got.token_lists() == ref.token_lists()
