@@ -7,9 +7,10 @@
         --engines hf,hfgraph --rounds 2
 
 ``$W`` holds the model (``$W/<--model>``, default the 6.3 M ``m6``) and the cut prompts
-(``$W/trunc512.parquet``) of ``../shared/bench/README.md``. Our engines: ``hf`` (decode=lean),
-``hfgraph`` (decode=lean replayed as CUDA graphs), ``hfgen`` (HF generate), ``vllm``. Each round runs, per setting, TRL's peer, then ours with each engine,
-each under ``/usr/bin/time -v`` with the same glibc allocator setting on every side (``--allocator
+(``$W/trunc512.parquet``) of ``../shared/bench/README.md``. Our engines: ``hf`` (decode=lean, eager:
+``cuda_graph=false``), ``hfgraph`` (decode=lean replayed as CUDA graphs, the default on a GPU),
+``hfgen`` (HF generate), ``vllm``. Each round runs, per setting, TRL's peer, then ours with each
+engine, each under ``/usr/bin/time -v`` with the same glibc allocator setting on every side (``--allocator
 tuned``: ``MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=64GiB``; ``default`` leaves glibc alone). TRL
 uses torch's default threads (both cores); ours runs with ``trainer.threads=null`` (the same). Before
 each run: the 1-minute load average and a matmul probe (CPU: 2048x2048 fp32 on both threads; CUDA:
@@ -124,9 +125,10 @@ def ours_command(args, s: dict, engine: str, run_dir: Path) -> list[str]:
                 "rollout.engines.vllm.max_model_len=1024"]  # fmt: skip
     elif engine == "hfgraph":
         cmd += ["rollout.engines.hf.decode=lean", "rollout.engines.hf.cuda_graph=true"]
+    elif engine == "hfgen":  # the HF engine with Hugging Face generate (an A/B under one load)
+        cmd += ["rollout.engines.hf.decode=generate"]
     else:
-        # "hfgen": the HF engine with Hugging Face generate, beside the loop (an A/B under one load)
-        cmd += [f"rollout.engines.hf.decode={'generate' if engine == 'hfgen' else args.hf_decode}"]
+        cmd += [f"rollout.engines.hf.decode={args.hf_decode}", "rollout.engines.hf.cuda_graph=false"]
     return cmd
 
 

@@ -66,3 +66,42 @@ def test_pipeline_clock_spans_each_step_from_rollout_to_the_end_of_its_sync():
     out = clock.summary()
     assert len(out["wall_s_per_step_all"]) == 3 and out["wall_s_per_step"] >= 0.03
     assert 0.01 <= out["weight_sync_s"] < out["wall_s_per_step"] and out["engine_start_s"] >= 0.01
+
+
+@pytest.mark.parametrize(
+    "engine,graph,decode", [("hf", False, "lean"), ("hfgraph", True, "lean"), ("hfgen", "auto", "generate")]
+)
+def test_our_gpu_command_composes_a_bf16_gpu_job_with_the_engine_it_names(tmp_path, engine, graph, decode):
+    """Our side of a CUDA comparison: bf16 weights under bf16 autocast on the GPU, the HF engine
+    eager (``hf``), as CUDA graphs (``hfgraph``) or HF generate (``hfgen``); the overrides compose."""
+    from scripts.bench_side_by_side import ours_command, parse_args
+    from src.config.compose import compose_job
+
+    args = parse_args(["--work", str(tmp_path), "--model", "q05b", "--device", "cuda"])
+    args.dtype = "bfloat16"  # what main() derives for --device cuda
+    cmd = ours_command(args, parse_setting("P8G8T256"), engine, tmp_path / "run")
+    overrides = cmd[cmd.index("experiment=grpo") :]
+    cfg = compose_job([o for o in overrides if not o.startswith("run_dir=")])
+    assert (cfg.trainer.accelerator, cfg.model.dtype, cfg.trainer.precision) == (
+        "gpu",
+        "bfloat16",
+        "bf16-mixed",
+    )
+    assert cfg.model.path == str(tmp_path / "q05b")
+    assert (cfg.rollout.engines.hf.cuda_graph, cfg.rollout.engines.hf.decode) == (graph, decode)
+    assert (cfg.sampling.max_new_tokens, cfg.sampling.min_new_tokens) == (256, 256)
+
+
+def test_rusage_delta_counts_only_the_children_finished_since():
+    import resource
+    import subprocess
+    import sys
+
+    from scripts.bench_side_by_side import rusage_delta
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run([sys.executable, "-c", "x = bytearray(64 << 20)"], check=True)
+    delta = rusage_delta(before)
+    assert set(delta) == {"involuntary_cs", "voluntary_cs", "minor_faults"}
+    assert delta["minor_faults"] > (64 << 20) // 4096 // 2  # the child touched 64 MiB
+    assert min(delta.values()) >= 0

@@ -44,9 +44,9 @@ class HFEngineSettings:
     cuda_graph: auto | true | false. With decode=lean on a CUDA device each decode step replays one
         CUDA graph of the fixed-shape lean step (``hf_graph``; a GPU's eager step is bound by kernel
         launches: 1.0 s instead of 5.3 s to generate 64 x 256 tokens with the 0.37 B bench model
-        on an H100, docs/benchmarks.md). auto: on where the model is on a CUDA device; true: a CPU device is an
-        error. Where the lean step falls back to the HF forward (LoRA, sharded weights, other
-        models), decoding is eager.
+        on an H100, docs/benchmarks.md). auto: on where the model is on a CUDA device; true: a
+        CPU device is an error. Where the lean step falls back to the HF forward (LoRA, sharded
+        weights, other models), decoding is eager.
     share_prefill: prefill each prompt once and expand its cache n times (dynamic cache only).
     pad_to_multiple_of: bucket the left-padded prompt width (1 = no bucketing).
     logprobs_from: scores (recorded while sampling) | forward (a teacher-forced pass after generate).
