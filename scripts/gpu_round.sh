@@ -48,13 +48,13 @@ part "2. CUDA-graph decode tests"
 cd "$REPO"
 timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/rollout/engines/test_hf_graph.py 2>&1 | tail -15 | tee "$OUT/graph_tests.log"
 
-side_by_side() {  # $1 = round number, $2 = engines
+side_by_side() {  # $1 = our engines (TRL runs first)
   timeout "$(left)" python3 scripts/bench_side_by_side.py --work $W --model q05b --device cuda --settings P8G8T256 \
-    --engines "$2" --rounds 1 --steps 6 --allocator default --trl-python python3 --peer "$SHARE/bench/peers/trl_grpo.py" \
+    --engines "$1" --rounds 1 --steps 6 --allocator default --trl-python python3 --peer "$SHARE/bench/peers/trl_grpo.py" \
     --out "$OUT/side_by_side.jsonl" 2>&1 | grep -v '^{' | tail -8
 }
 part "3. 0.37 B side by side, round 1 ($(left) s left)"
-side_by_side 1 hf,hfgraph
+side_by_side hf,hfgraph
 
 if [ "$(left)" -gt 200 ]; then
   part "4. gpu job tests ($(left) s left)"
@@ -72,7 +72,7 @@ fi
 
 if [ "$(left)" -gt 150 ]; then
   part "6. 0.37 B side by side, round 2 ($(left) s left)"
-  side_by_side 2 hfgraph,hf
+  side_by_side hfgraph,hf
 fi
 part "done"
 # the runs' logs only: their run folders hold checkpoints of the 0.37 B model (GBs; taring them

@@ -1,7 +1,5 @@
 """The fixed-shape lean step and its CUDA graph (``rollout.engines.hf.cuda_graph``)."""
 
-import copy
-
 import pytest
 import torch
 from test_hf_lean import EOS, PAD, _left_padded, _prompts, _random_model
@@ -112,7 +110,7 @@ def test_the_graph_replays_the_logits_of_the_eager_lean_step_on_cuda(model_type)
 @pytest.mark.gpu
 @CUDA
 def test_graphed_decoding_draws_the_tokens_of_eager_lean_decoding_under_one_seed_on_cuda():
-    model = copy.deepcopy(_random_model("qwen2")).to("cuda", torch.float64)
+    model = _random_model("qwen2").to("cuda", torch.float64)
     prompts = _prompts(model.config.vocab_size)
     for sampling in (
         SamplingParams(n=1, temperature=0.0, max_new_tokens=12),
