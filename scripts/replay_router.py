@@ -12,7 +12,8 @@ the held-out split, then whether the issue-19 targets hold (|cost − B| <= 0.05
 accuracy and family accuracy >= 0.9). ``--inputs-from warm_start`` (or an HF model dir) replays on
 the router inputs of another backbone, the rewards unchanged: whether the representation or the
 router's own learning decides its held-out accuracy. Overrides of ``router.pooling``,
-``tail_tokens``, ``sif_a`` or ``hidden_layer`` re-pool the inputs from the run's final backbone
+``tail_tokens``, ``sif_a``, ``hidden_layer`` or ``input`` re-pool the inputs from the run's final backbone
+(``router.input=base_embeddings router.hidden_layer=0``: from the base model's embedding table)
 (``router.pooling=sif``: SIF statistics fitted on the training prompts as a run fits them), so one
 table compares poolings. What it leaves out
 (``src.jobs.router_replay``): the actor learning, and sampled responses. A setting it favours still
@@ -113,6 +114,12 @@ def with_inputs_from(run: Path, source: str, train, test, limit: int):
         )
     policy.module.actor.load_state_dict(load_causal_lm(path, str(cfg.model.dtype)).state_dict())
     records = {split: split_records(cfg, split, limit) for split in ("train", "test")}
+    if policy.module.router_cfg.pooling == "sif":
+        # the common direction is the new backbone's: refit it on every training prompt, as a run does
+        from src.jobs.router_pooling import fit_sif_pooling
+
+        ids = [policy.prompt_ids(r.messages) for r in split_records(cfg, "train", 0)]
+        fit_sif_pooling(policy.module, ids, policy.tokenizer.pad_token_id)
     log.info("router inputs from %s", path)
     return with_policy_inputs(policy, records, train, test)
 
@@ -128,11 +135,19 @@ def with_pooling(run: Path, router, train, test, limit: int):
     policy = load_router_policy(run, device="cpu")
     module, cfg = policy.module, policy.config
     vocab = module.actor.get_input_embeddings().num_embeddings
+    old = module.router_head
     module.router_head = RouterPolicy(module.actor.config.hidden_size, router, vocab_size=vocab)
+    if router.input == "base_embeddings":  # the run's frozen table, else the base model's, as a run takes it
+        from src.jobs.router_pooling import base_input_embeddings
+        from src.jobs.warm_start import base_model_dir
+
+        has_table = hasattr(old, "base_embedding")
+        table = old.base_embedding if has_table else base_input_embeddings(base_model_dir(cfg))
+        module.router_head.set_base_embedding(table)
     module.router_cfg = router
     records = {split: split_records(cfg, split, limit) for split in ("train", "test")}
-    if router.pooling == "sif":
-        ids = [policy.prompt_ids(r.messages) for r in records["train"]]
+    if router.pooling == "sif":  # on every training prompt, as a run fits them (not only --limit's)
+        ids = [policy.prompt_ids(r.messages) for r in split_records(cfg, "train", 0)]
         fit_sif_pooling(module, ids, policy.tokenizer.pad_token_id)
     log.info("router inputs re-pooled: pooling=%s tail_tokens=%s", router.pooling, router.tail_tokens)
     return with_policy_inputs(policy, records, train, test)
@@ -170,11 +185,15 @@ def main(argv: list[str] | None = None) -> int:
     router = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(RouterConfig), cfg.router))
     train, test = tables(run, args.limit)
     if args.inputs_from:
+        if as_run.input == "base_embeddings":
+            p.error("--inputs-from swaps the actor, but this run's router reads router.input=base_embeddings")
         train, test = with_inputs_from(run, args.inputs_from, train, test, args.limit)
-    pooling_keys = ("pooling", "tail_tokens", "sif_a", "hidden_layer")
+    pooling_keys = ("pooling", "tail_tokens", "sif_a", "hidden_layer", "input")
     if any(getattr(router, k) != getattr(as_run, k) for k in pooling_keys):
         if args.inputs_from:
-            p.error("--inputs-from with router.pooling / tail_tokens / sif_a / hidden_layer overrides")
+            p.error(
+                "--inputs-from with router.pooling / tail_tokens / sif_a / hidden_layer / input overrides"
+            )
         train, test = with_pooling(run, router, train, test, args.limit)
     shape = (int(cfg.sampling.n_prompts), int(cfg.sampling.n_generations_per_prompt))
     steps = args.steps or int(cfg.trainer.max_steps)

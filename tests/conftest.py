@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from jobhelpers import ROUTER_RUN_OVERRIDES
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
@@ -41,17 +42,6 @@ def tiny(tiny_model_dir):
     from src.models.loading import load_causal_lm, load_tokenizer
 
     return load_causal_lm(tiny_model_dir), load_tokenizer(tiny_model_dir)
-
-
-ROUTER_RUN_OVERRIDES = [
-    "experiment=router_grpo",
-    "sft.max_steps=2",
-    "sampling.n_prompts=2",
-    "sampling.max_new_tokens=16",
-    "router.lambda_lr=5.0",
-    "trainer.save_freq=2",
-    "trainer.val_check_interval=2",  # validation and the route confusion text every 2 steps
-]
 
 
 @pytest.fixture(scope="session")

@@ -8,6 +8,16 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 CACHE = REPO / ".cache" / "toolrouter"
+# the short router_grpo run the session fixture trains (tiny SFT warm start)
+ROUTER_RUN_OVERRIDES = [
+    "experiment=router_grpo",
+    "sft.max_steps=2",
+    "sampling.n_prompts=2",
+    "sampling.max_new_tokens=16",
+    "router.lambda_lr=5.0",
+    "trainer.save_freq=2",
+    "trainer.val_check_interval=2",  # validation and the route confusion text every 2 steps
+]
 
 
 def train_cmd(*overrides: str) -> list[str]:

@@ -103,6 +103,11 @@ class RouterHeadConfig:
     # embeddings (a bag of the prompt's tokens, which a small model's upper layers may not beat on
     # prompts phrased unlike any training prompt); k the output of layer k
     hidden_layer: int = -1
+    # what the head pools: "actor" the actor's hidden states at hidden_layer (they move with the
+    # warm start and with every actor update); "base_embeddings" a frozen copy of the base model's
+    # input embedding table (the model before any warm start): the same input for every run seed and
+    # at every step (set hidden_layer 0, the layer it stands in for)
+    input: str = "actor"
     mlp_hidden: int = 64
     detach_backbone: bool = True
     separate_optimizer: bool = True

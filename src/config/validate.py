@@ -143,6 +143,17 @@ def _router(cfg: DictConfig) -> list[str]:
     problems += positive(
         {"router.lr": r.lr, "router.mlp_hidden": r.mlp_hidden, "router.lambda_lr": r.lambda_lr}
     )
+    problems += one_of("router.input", r.input, ("actor", "base_embeddings"))
+    if r.input == "base_embeddings" and r.hidden_layer != 0:
+        problems.append(
+            f"router.hidden_layer={r.hidden_layer}: router.input=base_embeddings reads the base model's "
+            "input embeddings (layer 0); set router.hidden_layer=0"
+        )
+    if r.input == "base_embeddings" and not r.detach_backbone:
+        problems.append(
+            "router.detach_backbone=false: router.input=base_embeddings reads a frozen table, so no "
+            "gradient reaches the actor; set it true"
+        )
     if r.pooling == "sif":
         problems += positive({"router.sif_a": r.sif_a, "router.tail_tokens": r.tail_tokens})
     problems += positive({"router.lambda_every_k": r.lambda_every_k})

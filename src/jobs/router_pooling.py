@@ -1,6 +1,7 @@
-"""Fit the router head's SIF pooling (``router.pooling: sif``) on the training prompts, before the
-first step: token frequencies over the pooled windows, then the common direction of the weighted
-means under the starting backbone (``src.router.sif`` holds the math)."""
+"""What the router head pools, set up before the first step: the base model's frozen input
+embeddings (``router.input: base_embeddings``), and the SIF pooling (``router.pooling: sif``) fitted
+on the training prompts: token frequencies over the pooled windows, then the common direction of
+the weighted means under the starting backbone (``src.router.sif`` holds the math)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,15 @@ from src.router.sif import common_component, sif_token_weights, token_counts
 
 log = logging.getLogger(__name__)
 
-__all__ = ["fit_sif_pooling", "training_prompt_ids"]
+__all__ = ["base_input_embeddings", "fit_sif_pooling", "training_prompt_ids"]
+
+
+def base_input_embeddings(path) -> torch.Tensor:
+    """The input embedding table [vocab, hidden] (float32) of the HF model at ``path``: what
+    ``router.input=base_embeddings`` reads, taken from the base model before any warm start."""
+    from src.models.loading import load_causal_lm
+
+    return load_causal_lm(path, "float32").get_input_embeddings().weight.detach().clone()
 
 
 def training_prompt_ids(datamodule) -> list[list[int]]:

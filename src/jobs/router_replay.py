@@ -86,8 +86,9 @@ class _Learner:
         torch.manual_seed(seed)  # the head's initial weights
         self.table, self.group = table, group
         self.gen = torch.Generator().manual_seed(seed)
-        # the table holds the pooled inputs already: the head's own pooling (and its SIF buffers) unused
-        self.head = RouterPolicy(table.inputs.shape[1], replace(cfg, pooling="mean"))
+        # the table holds the pooled inputs already: the head's own pooling, its SIF buffers and its
+        # base embedding table are unused
+        self.head = RouterPolicy(table.inputs.shape[1], replace(cfg, pooling="mean", input="actor"))
         self.opt = torch.optim.AdamW(self.head.parameters(), lr=cfg.lr, weight_decay=0.0)
 
     def logits(self, inputs: torch.Tensor) -> torch.Tensor:

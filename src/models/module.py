@@ -145,7 +145,10 @@ class ToolRouterModule(pl.LightningModule):
             return self.router_head(hidden, prompt_mask, prompt_ids)
 
     def router_hidden(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, track: bool = False):
-        """The backbone's hidden states [P, Lp, H] the router head pools (``router.hidden_layer``)."""
+        """The hidden states [P, Lp, H] the router head pools: the actor's at ``router.hidden_layer``,
+        or with ``router.input=base_embeddings`` the frozen base embedding table's rows (no actor pass)."""
+        if self.router_cfg.input == "base_embeddings":
+            return self.router_head.embed(prompt_ids)
         with torch.set_grad_enabled(track):
             # Through the actor's own forward (not its decoder's): sharding wrappers (FSDP2, ZeRO-3)
             # gather the weights in that forward's hooks. One logit row keeps the LM head's cost

@@ -34,7 +34,12 @@ class RouterPolicy(RouterHead):
         self, hidden_size: int, cfg: RouterHeadConfig, adv_eps: float = 1e-6, vocab_size: int | None = None
     ):
         super().__init__(
-            hidden_size, cfg.mlp_hidden, cfg.pooling, tail_tokens=cfg.tail_tokens, vocab_size=vocab_size
+            hidden_size,
+            cfg.mlp_hidden,
+            cfg.pooling,
+            tail_tokens=cfg.tail_tokens,
+            vocab_size=vocab_size,
+            base_embeddings=cfg.input == "base_embeddings",
         )
         self.cfg, self.adv_eps = cfg, adv_eps
 

@@ -66,7 +66,11 @@ class RouterHead(nn.Module):
     With ``pooling="sif"`` the head also holds the SIF statistics as buffers (checkpointed with
     it): ``sif_weight`` [vocab_size] per-token weights and ``sif_component`` [hidden_size] the
     removed direction, fitted on the training prompts before the first step (``set_sif``; until
-    then weights 1 and no component: the plain tail mean)."""
+    then weights 1 and no component: the plain tail mean).
+
+    With ``base_embeddings`` it holds ``base_embedding`` [vocab_size, hidden_size], a frozen copy of
+    the base model's input embedding table (``set_base_embedding``, checkpointed with the head), and
+    ``embed`` reads the prompt's tokens from it instead of the actor's hidden states."""
 
     def __init__(
         self,
@@ -76,6 +80,7 @@ class RouterHead(nn.Module):
         dropout: float = 0.0,
         tail_tokens: int = 32,
         vocab_size: int | None = None,
+        base_embeddings: bool = False,
     ):
         super().__init__()
         self.pooling, self.tail_tokens = pooling, tail_tokens
@@ -91,6 +96,10 @@ class RouterHead(nn.Module):
                 raise ValueError("router.pooling='sif' needs the backbone's vocab_size")
             self.register_buffer("sif_weight", torch.ones(vocab_size))
             self.register_buffer("sif_component", torch.zeros(hidden_size))
+        if base_embeddings:
+            if vocab_size is None:
+                raise ValueError("router.input='base_embeddings' needs the backbone's vocab_size")
+            self.register_buffer("base_embedding", torch.zeros(vocab_size, hidden_size))
 
     def forward(
         self, hidden: torch.Tensor, attention_mask: torch.Tensor, prompt_ids: torch.Tensor | None = None
@@ -121,6 +130,24 @@ class RouterHead(nn.Module):
             if tuple(value.shape) != tuple(buf.shape):
                 raise ValueError(f"{name}: shape {tuple(value.shape)}, expected {tuple(buf.shape)}")
             buf.copy_(value.to(buf))
+
+    def embed(self, prompt_ids: torch.Tensor) -> torch.Tensor:
+        """prompt_ids [B, L] -> [B, L, H]: the tokens' rows of the frozen base embedding table."""
+        if not hasattr(self, "base_embedding"):
+            raise ValueError("embed needs a head built with router.input='base_embeddings'")
+        return self.base_embedding[prompt_ids.to(self.base_embedding.device)]
+
+    @torch.no_grad()
+    def set_base_embedding(self, weight: torch.Tensor) -> None:
+        """Install the base model's input embedding table [vocab_size, hidden_size]."""
+        if not hasattr(self, "base_embedding"):
+            raise ValueError("set_base_embedding on a head built without router.input='base_embeddings'")
+        if tuple(weight.shape) != tuple(self.base_embedding.shape):
+            raise ValueError(
+                f"base_embedding: shape {tuple(weight.shape)}, expected {tuple(self.base_embedding.shape)} "
+                "(the base model and the actor must share vocabulary and hidden size)"
+            )
+        self.base_embedding.copy_(weight.to(self.base_embedding))
 
     @staticmethod
     def act(

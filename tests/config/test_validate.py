@@ -105,6 +105,9 @@ def test_prompts_split_evenly_over_devices():
         (["router.lambda_cost_ema=1.0"], "router.lambda_cost_ema"),
         (["router.hidden_layer=3"], "router.hidden_layer"),  # the tiny model has 2 layers
         (["router.hidden_layer=-4"], "router.hidden_layer"),
+        (["router.input=logits"], "router.input"),
+        (["router.input=base_embeddings", "router.hidden_layer=-1"], "router.hidden_layer"),
+        (["router.input=base_embeddings", "router.detach_backbone=false"], "router.detach_backbone"),
     ],
 )
 def test_router_budget_and_lambda_ranges(overrides, key):

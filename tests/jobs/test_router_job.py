@@ -83,3 +83,37 @@ def test_sif_pooling_is_fitted_on_the_training_prompts_and_kept_over_resume(rout
     last = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     for key in ("router_head.sif_weight", "router_head.sif_component"):
         assert torch.equal(last["state_dict"][key], first["state_dict"][key])
+
+
+def test_router_on_base_embeddings_keeps_the_base_models_table(tmp_path):
+    """router.input=base_embeddings: the run's head holds the base model's input embedding table (the
+    model before the SFT warm start, the same for every seed), not the warm start's, in every
+    checkpoint; the router still learns from the job's rewards."""
+    from jobhelpers import ROUTER_RUN_OVERRIDES, run_train
+
+    from src.jobs.inference import load_router_policy
+    from src.jobs.router_pooling import base_input_embeddings
+    from src.jobs.warm_start import base_model_dir
+
+    run_dir = tmp_path / "run"
+    overrides = [
+        *ROUTER_RUN_OVERRIDES,
+        f"run_dir={run_dir}",
+        "router.input=base_embeddings",
+        "router.hidden_layer=0",
+    ]
+    last_ckpt = run_dir / "checkpoints" / "last.ckpt"
+    run_train(*overrides, "trainer.max_steps=2")
+    first = torch.load(last_ckpt, map_location="cpu", weights_only=False)["state_dict"]
+    run_train(*overrides, "trainer.max_steps=3", "resume=true")
+    last = torch.load(last_ckpt, map_location="cpu", weights_only=False)["state_dict"]
+    policy = load_router_policy(run_dir, device="cpu")
+    base = base_input_embeddings(base_model_dir(policy.config))
+    assert torch.equal(first["router_head.base_embedding"], base)
+    assert torch.equal(last["router_head.base_embedding"], base)
+    assert not torch.equal(
+        first["actor.model.embed_tokens.weight"], base
+    )  # the actor starts from the warm start
+    assert not torch.equal(
+        first["router_head.mlp.1.weight"], last["router_head.mlp.1.weight"]
+    )  # the head trains

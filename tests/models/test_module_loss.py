@@ -217,3 +217,34 @@ def test_router_reads_the_configured_hidden_layer(tiny, layer):
     module.router_cfg.hidden_layer = other
     with torch.no_grad():
         assert not torch.allclose(module.router_logits(ids, mask), got)  # the layer matters
+
+
+def test_router_on_base_embeddings_reads_the_frozen_table_not_the_actor(tiny):
+    """``router.input=base_embeddings``: the head pools its own frozen copy of the base model's
+    input embeddings, so the actor's embeddings (moved by a warm start or by RL) do not change the
+    router's logits, while a different table does; the table is a checkpointed buffer, no parameter."""
+    model, tok = copy.deepcopy(tiny[0]).eval(), tiny[1]
+    base = model.get_input_embeddings().weight.detach().clone()
+    cfg = RouterHeadConfig(
+        enable=True, pooling="tail", tail_tokens=4, hidden_layer=0, input="base_embeddings"
+    )
+    module = ToolRouterModule(
+        model, AlgorithmConfig(use_kl_loss=False), OptimConfig(), cfg, dual=DualSettings()
+    )
+    head = module.router_head
+    assert "base_embedding" in head.state_dict()
+    assert all(p is not head.base_embedding for p in head.parameters())
+    head.set_base_embedding(base)
+    rows = prompts(tok)
+    width = max(map(len, rows))
+    ids = torch.tensor([[tok.pad_token_id] * (width - len(r)) + r for r in rows])
+    mask = torch.stack([(torch.arange(width) >= width - len(r)).long() for r in rows])
+    with torch.no_grad():
+        got = module.router_logits(ids, mask)
+        torch.testing.assert_close(got, head(base[ids], mask))  # the table's rows, as layer 0 reads them
+        model.get_input_embeddings().weight.add_(torch.randn_like(base))  # the actor moves
+        torch.testing.assert_close(module.router_logits(ids, mask), got)  # the router's input does not
+        head.set_base_embedding(torch.randn_like(base))
+        assert not torch.allclose(module.router_logits(ids, mask), got)  # the table is what it reads
+    with pytest.raises(ValueError, match="shape"):
+        head.set_base_embedding(base[:, :-1])

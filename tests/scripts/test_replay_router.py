@@ -150,3 +150,45 @@ def test_pooling_overrides_re_pool_the_run_inputs(router_run, tmp_path):
     torch.testing.assert_close(tail_train.inputs, want)
     other_a, _ = with_pooling(run, dataclasses.replace(router, pooling="sif", sif_a=1.0), train, test, 8)
     assert not torch.allclose(other_a.inputs, train.inputs, atol=1e-4)
+
+
+def test_input_override_re_pools_from_the_base_models_embeddings(router_run, tmp_path):
+    """router.input=base_embeddings re-pools the inputs from the base model's embedding table (the
+    model before the warm start), SIF refitted on it; --inputs-from cannot be combined with it."""
+    import dataclasses
+    import shutil
+
+    from src.config.groups import RouterConfig as Cfg
+    from src.datamodules.schema import read_rlla_parquet
+    from src.jobs.build import data_files
+    from src.jobs.inference import load_router_policy
+    from src.jobs.router_pooling import base_input_embeddings, fit_sif_pooling
+    from src.jobs.warm_start import base_model_dir
+    from src.rollout.engines.types import left_pad
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    from replay_router import tables, with_pooling
+
+    run = tmp_path / "run"
+    shutil.copytree(router_run, run)
+    train, test = tables(run, 8)
+    policy = load_router_policy(run, device="cpu")
+    router = dataclasses.replace(Cfg(**policy.config.router), input="base_embeddings", hidden_layer=0)
+    base_train, _ = with_pooling(run, router, train, test, 8)
+    assert not torch.allclose(base_train.inputs, train.inputs, atol=1e-4)
+
+    # what a run with router.input=base_embeddings reads: SIF over the base table's rows
+    table = base_input_embeddings(base_model_dir(policy.config))
+    policy.module.actor.get_input_embeddings().weight.data.copy_(table)  # layer 0 of the base model
+    records = read_rlla_parquet(data_files(policy.config)[0][0])[0]
+    ids_all = [policy.prompt_ids(r.messages) for r in records]
+    fit_sif_pooling(policy.module, ids_all, policy.tokenizer.pad_token_id)
+    ids, mask = left_pad(ids_all[:8], policy.tokenizer.pad_token_id)
+    with torch.no_grad():
+        want = policy.module.router_head.represent(policy.module.router_hidden(ids, mask), mask, ids)
+    torch.testing.assert_close(base_train.inputs, want, atol=1e-5, rtol=1e-5)
+
+    cmd = [sys.executable, str(REPO / "scripts" / "replay_router.py"), "--run", str(run), "--limit", "8"]
+    cmd += ["--inputs-from", "warm_start", "router.input=base_embeddings"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode != 0 and "--inputs-from with router.pooling" in proc.stderr
