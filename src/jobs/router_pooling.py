@@ -14,7 +14,7 @@ from src.router.sif import common_component, sif_token_weights, token_counts
 
 log = logging.getLogger(__name__)
 
-__all__ = ["base_input_embeddings", "fit_sif_pooling", "training_prompt_ids"]
+__all__ = ["base_input_embeddings", "fit_sif_pooling", "set_up_router_input", "training_prompt_ids"]
 
 
 def base_input_embeddings(path) -> torch.Tensor:
@@ -69,3 +69,14 @@ def fit_sif_pooling(module, prompt_ids: Sequence[list[int]], pad_id: int, batch_
     }
     log.info("router SIF pooling fitted (a=%s): %s", cfg.sif_a, fitted)
     return fitted
+
+
+def set_up_router_input(module, base_dir, datamodule, pad_id: int) -> None:
+    """Before a fresh run's first step: the base model's embedding table into the head
+    (``router.input: base_embeddings``; ``base_dir`` the model before any warm start), then the SIF
+    statistics on the starting backbone (``router.pooling: sif``), in that order: SIF pools what the
+    head reads."""
+    if module.router_cfg.input == "base_embeddings":
+        module.router_head.set_base_embedding(base_input_embeddings(base_dir))
+    if module.router_cfg.pooling == "sif":
+        fit_sif_pooling(module, training_prompt_ids(datamodule), pad_id)

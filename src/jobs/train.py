@@ -20,7 +20,7 @@ from src.jobs.build import build_datamodule, build_module, build_trainer
 from src.jobs.callbacks import build_rl_callbacks
 from src.jobs.checks import validate_job
 from src.jobs.resume import already_finished, check_callback_states, logs_cut_once_restored, prepare_run_dir
-from src.jobs.router_pooling import base_input_embeddings, fit_sif_pooling, training_prompt_ids
+from src.jobs.router_pooling import set_up_router_input
 from src.jobs.warm_start import base_model_dir, model_dir
 from src.models.loading import load_tokenizer
 
@@ -67,12 +67,8 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
     pl.seed_everything(cfg.seed, workers=True)
     module = build_module(cfg, path)
     ckpt = point.checkpoint if point else None
-    if ckpt is None and module.router_head is not None and module.router_cfg.input == "base_embeddings":
-        # the model before the warm start; a resumed run restores the table from its checkpoint
-        module.router_head.set_base_embedding(base_input_embeddings(base_model_dir(cfg)))
-    if ckpt is None and module.router_head is not None and module.router_cfg.pooling == "sif":
-        # fitted on the starting backbone; a resumed run restores them from its checkpoint instead
-        fit_sif_pooling(module, training_prompt_ids(datamodule), tokenizer.pad_token_id)
+    if ckpt is None and module.router_head is not None:  # a resumed run restores them from its checkpoint
+        set_up_router_input(module, base_model_dir(cfg), datamodule, tokenizer.pad_token_id)
     callbacks = [
         StepOnlyScalars(),  # first: it clears the previous step's values before anyone logs
         *build_rl_callbacks(cfg, tokenizer, path, datamodule),
