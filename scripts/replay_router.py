@@ -89,6 +89,15 @@ def with_policy_inputs(policy, records: dict, train, test):
     )
 
 
+def refit_sif(policy) -> None:
+    """Refit the policy's SIF statistics on its current backbone over every training prompt of its
+    run, as a run fits them before its first step (not only ``--limit``'s)."""
+    from src.jobs.router_pooling import fit_sif_pooling
+
+    ids = [policy.prompt_ids(r.messages) for r in split_records(policy.config, "train", 0)]
+    fit_sif_pooling(policy.module, ids, policy.tokenizer.pad_token_id)
+
+
 def with_inputs_from(run: Path, source: str, train, test, limit: int):
     """``(train, test)`` with the router inputs the run's head reads from another model's backbone:
     ``warm_start`` (the run's own SFT warm start, before any RL step) or an HF model directory. The
@@ -114,12 +123,8 @@ def with_inputs_from(run: Path, source: str, train, test, limit: int):
         )
     policy.module.actor.load_state_dict(load_causal_lm(path, str(cfg.model.dtype)).state_dict())
     records = {split: split_records(cfg, split, limit) for split in ("train", "test")}
-    if policy.module.router_cfg.pooling == "sif":
-        # the common direction is the new backbone's: refit it on every training prompt, as a run does
-        from src.jobs.router_pooling import fit_sif_pooling
-
-        ids = [policy.prompt_ids(r.messages) for r in split_records(cfg, "train", 0)]
-        fit_sif_pooling(policy.module, ids, policy.tokenizer.pad_token_id)
+    if policy.module.router_cfg.pooling == "sif":  # the common direction is the new backbone's
+        refit_sif(policy)
     log.info("router inputs from %s", path)
     return with_policy_inputs(policy, records, train, test)
 
@@ -129,7 +134,6 @@ def with_pooling(run: Path, router, train, test, limit: int):
     ``tail_tokens``, ``sif_a``, ``hidden_layer``) from the run's final backbone; SIF statistics
     fitted on the training prompts as a run fits them. Rewards unchanged."""
     from src.jobs.inference import load_router_policy
-    from src.jobs.router_pooling import fit_sif_pooling
     from src.models.router_policy import RouterPolicy
 
     policy = load_router_policy(run, device="cpu")
@@ -146,9 +150,8 @@ def with_pooling(run: Path, router, train, test, limit: int):
         module.router_head.set_base_embedding(table)
     module.router_cfg = router
     records = {split: split_records(cfg, split, limit) for split in ("train", "test")}
-    if router.pooling == "sif":  # on every training prompt, as a run fits them (not only --limit's)
-        ids = [policy.prompt_ids(r.messages) for r in split_records(cfg, "train", 0)]
-        fit_sif_pooling(module, ids, policy.tokenizer.pad_token_id)
+    if router.pooling == "sif":
+        refit_sif(policy)
     log.info("router inputs re-pooled: pooling=%s tail_tokens=%s", router.pooling, router.tail_tokens)
     return with_policy_inputs(policy, records, train, test)
 
