@@ -109,6 +109,10 @@ class RouterHeadConfig:
     # at every step (set hidden_layer 0, the layer it stands in for)
     input: str = "actor"
     mlp_hidden: int = 64
+    # > 0: a Polyak (exponential moving) average of the head's MLP weights with this decay per step,
+    # which validation, evaluate.py and infer.py route with; training samples from the live head.
+    # λ moves the live head's answer/tool boundary step to step; the average reads through it
+    ema_decay: float = 0.0
     detach_backbone: bool = True
     separate_optimizer: bool = True
     lr: float = 1e-3

@@ -159,6 +159,7 @@ def _router(cfg: DictConfig) -> list[str]:
     problems += positive({"router.lambda_every_k": r.lambda_every_k})
     problems += positive({"router.lambda_kp": r.lambda_kp, "router.lambda_kd": r.lambda_kd}, strict=False)
     problems += in_range("router.lambda_cost_ema", r.lambda_cost_ema, 0.0, 1.0, high_open=True)
+    problems += in_range("router.ema_decay", r.ema_decay, 0.0, 1.0, high_open=True)
     problems += positive({"router.entropy_coef": r.entropy_coef, "router.sup_coef": r.sup_coef}, strict=False)
     problems += positive({"router.entropy_decay_steps": r.entropy_decay_steps}, strict=False)
     if r.entropy_coef_final is not None:

@@ -187,15 +187,17 @@ class Policy:
     # ------------------------------------------------------------------ routing
     @torch.no_grad()
     def route_logits(self, batch: Sequence[Sequence[Mapping[str, Any]]]) -> torch.Tensor:
-        """Router logits [P, 3] of P chat prompts (the original prompts, as the collector routes them)."""
+        """Router logits [P, 3] of P chat prompts (the original prompts, as the collector routes them),
+        from the head's Polyak average where the run kept one (``router.ema_decay``)."""
         if not self.has_router:
             raise ValueError(f"{self.checkpoint}: this run has no router head (router.enable=false)")
+        from functools import partial
+
         from src.rollout.routing import router_logits
 
         ids = [self.prompt_ids(m) for m in batch]
-        return router_logits(
-            self.module.router_logits, ids, self.tokenizer.pad_token_id, self.micro_batch_size
-        )
+        logits_fn = partial(self.module.router_logits, averaged=True)
+        return router_logits(logits_fn, ids, self.tokenizer.pad_token_id, self.micro_batch_size)
 
     def route_probs(self, batch: Sequence[Sequence[Mapping[str, Any]]]) -> torch.Tensor:
         """Router probabilities [P, 3] (answer, search, calculate) of P chat prompts."""

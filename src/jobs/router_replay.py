@@ -91,8 +91,9 @@ class _Learner:
         self.head = RouterPolicy(table.inputs.shape[1], replace(cfg, pooling="mean", input="actor"))
         self.opt = torch.optim.AdamW(self.head.parameters(), lr=cfg.lr, weight_decay=0.0)
 
-    def logits(self, inputs: torch.Tensor) -> torch.Tensor:
-        return self.head.mlp(inputs.to(self.head.mlp[1].weight.dtype))
+    def logits(self, inputs: torch.Tensor, averaged: bool = False) -> torch.Tensor:
+        """inputs [N, H] pooled -> [N, 3]; ``averaged``: the Polyak average (``router.ema_decay``)."""
+        return self.head.pooled_logits(inputs, averaged)
 
     def step(self, idx: torch.Tensor, lam: float, step: int):
         """One router update on prompts ``idx``; returns the rows' (route, cost, r_task)."""
@@ -112,6 +113,8 @@ class _Learner:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)  # the run's algorithm.grad_clip default
         self.opt.step()
+        if head.cfg.ema_decay > 0:
+            head.update_average()
         return action, cost, r_task
 
 
@@ -132,7 +135,8 @@ def replay(
     ``train`` (prompts in a seeded order, epoch after epoch); λ by ``cfg``'s controller.
 
     Returns the last 50 steps' mean cost, λ range and training accuracies, and the final head's
-    accuracies and tool rate on ``test``: greedy (argmax), and under the budget (``test_budgeted_*``:
+    (its Polyak average where ``cfg.ema_decay`` > 0, as a run evaluates it) accuracies and tool
+    rate on ``test``: greedy (argmax), and under the budget (``test_budgeted_*``:
     a p_tool threshold calibrated on ``test`` itself, so its tool rate is B up to ties). Greedy
     family accuracy counts tool-routed prompts only, so a head that sends few prompts to a tool
     scores high on it while spending far less than B; the budgeted figures are read at B.
@@ -153,7 +157,7 @@ def replay(
     routes = [ROUTE_KEYS[int(a)] for a in torch.cat([t[3] for t in last])]
     train_acc = route_accuracy(_label_names(torch.cat([t[2] for t in last])), routes)
     with torch.no_grad():
-        probs = torch.softmax(learner.logits(test.inputs).float(), -1)
+        probs = torch.softmax(learner.logits(test.inputs, averaged=True).float(), -1)
     names = _label_names(test.label)
     test_acc = routing_metrics(probs, names, greedy=True)
     routed = budget_route_probs(probs, calibrate_tool_threshold(probs, cfg.budget))

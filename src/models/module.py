@@ -136,13 +136,14 @@ class ToolRouterModule(pl.LightningModule):
 
     # ------------------------------------------------------------------ router
     def router_logits(
-        self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, grad: bool = False
+        self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, grad: bool = False, averaged: bool = False
     ) -> torch.Tensor:
-        """Router logits [P, 3] for left-padded prompts [P, Lp]."""
+        """Router logits [P, 3] for left-padded prompts [P, Lp]. ``averaged``: the head's Polyak
+        average (``router.ema_decay``), as validation and inference route; training samples live."""
         prompt_ids, prompt_mask = prompt_ids.to(self.device), prompt_mask.to(self.device)
         hidden = self.router_hidden(prompt_ids, prompt_mask, grad and not self.router_cfg.detach_backbone)
         with torch.set_grad_enabled(grad):
-            return self.router_head(hidden, prompt_mask, prompt_ids)
+            return self.router_head(hidden, prompt_mask, prompt_ids, averaged=averaged)
 
     def router_hidden(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, track: bool = False):
         """The hidden states [P, Lp, H] the router head pools: the actor's at ``router.hidden_layer``,
@@ -332,7 +333,8 @@ class ToolRouterModule(pl.LightningModule):
            old / reference log-probs the losses need;
         3. router: advantages of r_router and its loss (``RouterPolicy.loss``), stepped with its
            own optimizer or riding on the actor's first backward;
-        4. actor losses and updates: PPO epochs × minibatches (only the last step counts);
+        4. actor losses and updates: PPO epochs × minibatches (only the last step counts), then the
+           router head's Polyak average (``router.ema_decay``) follows its stepped weights;
         5. λ update: dual ascent on the window's mean cost (``update_lambda``).
         """
         rb = _attached_rollout(batch)  # 1
@@ -343,6 +345,8 @@ class ToolRouterModule(pl.LightningModule):
         router_loss_value, metrics = self._router_update(rb)  # 3
         metrics.update(self._actor_updates(rb, inputs, chunks, router_loss_value))  # 4
         self.lr_schedulers().step()
+        if self.router_head is not None and self.router_cfg.ema_decay > 0:
+            metrics["train/router_ema_decay"] = self.router_head.update_average()
         metrics["train/lambda"] = self.current_lambda()  # the λ this step's rollouts were scored with
         metrics.update(self.update_lambda(rb))  # 5
         self._log_step(rb, metrics, time.perf_counter() - t0)
@@ -372,7 +376,8 @@ class ToolRouterModule(pl.LightningModule):
         if rb.router is not None:  # the router alone on these held-out prompts: greedy and sampled
             r = rb.router
             labels = prompt_labels(r.target, r.prompt_index, len(r.prompt_ids))
-            metrics.update(routing_scalars(self.router_logits(r.prompt_ids, r.prompt_mask), labels, "val"))
+            logits = self.router_logits(r.prompt_ids, r.prompt_mask, averaged=True)
+            metrics.update(routing_scalars(logits, labels, "val"))
         self._warn_non_finite(metrics)
         self.log_dict(metrics, on_step=False, on_epoch=True, logger=True, batch_size=len(rb))
         return {"rollout": rb}

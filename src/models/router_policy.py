@@ -9,8 +9,10 @@ step's :class:`RouterRollout`. The module only runs the backbone, steps the opti
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import nullcontext
 
 import torch
+from torch.func import functional_call
 
 from src.algorithms.dual_update import DualState
 from src.algorithms.lagrange import window_lagrange_step
@@ -28,6 +30,12 @@ class RouterPolicy(RouterHead):
 
     loss = router_loss(logits, action, A(r_router grouped by uid), c_H(step), c_sup, weak label),
     A from the advantage registry (``router.adv_estimator``), c_H the linear entropy schedule.
+
+    With ``router.ema_decay`` > 0 it also keeps a Polyak (exponential moving) average of the MLP's
+    weights, as buffers ``ema_<weight name, dots as _>`` and the update count ``ema_updates``:
+    no gradient, no optimizer, never sharded, checkpointed with the head. ``forward(...,
+    averaged=True)`` reads them: validation, ``evaluate.py`` and ``infer.py`` route with the average,
+    while training rollouts sample from the live head (the one the loss moves).
     """
 
     def __init__(
@@ -42,6 +50,48 @@ class RouterPolicy(RouterHead):
             base_embeddings=cfg.input == "base_embeddings",
         )
         self.cfg, self.adv_eps = cfg, adv_eps
+        if cfg.ema_decay > 0:
+            self.register_buffer("ema_updates", torch.zeros((), dtype=torch.long))
+            for name, weight in self.mlp.named_parameters():
+                self.register_buffer(_ema_key(name), weight.detach().clone())
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        attention_mask: torch.Tensor,
+        prompt_ids: torch.Tensor | None = None,
+        averaged: bool = False,
+    ) -> torch.Tensor:
+        """hidden [B, L, H], attention_mask [B, L] (prompt_ids [B, L] for "sif") -> logits [B, 3]."""
+        return self.pooled_logits(self.represent(hidden, attention_mask, prompt_ids), averaged)
+
+    def pooled_logits(self, pooled: torch.Tensor, averaged: bool = False) -> torch.Tensor:
+        """pooled [B, H] (``represent``'s output) -> logits [B, 3]. ``averaged``: the MLP with the
+        averaged weights where ``router.ema_decay`` > 0 (else there is no average: the live ones)."""
+        if not averaged or self.cfg.ema_decay == 0:
+            return self.mlp(pooled.to(self.mlp[1].weight.dtype))
+        weights = {name: getattr(self, _ema_key(name)) for name, _ in self.mlp.named_parameters()}
+        return functional_call(self.mlp, weights, (pooled.to(weights["1.weight"].dtype),))
+
+    @torch.no_grad()
+    def update_average(self) -> float:
+        """Move the average toward the live weights after an optimizer step; returns the decay used.
+
+        decay_t = min(ema_decay, (1 + t) / (10 + t)) at the t-th update: the first updates follow
+        the live head closely, so the average is not held at the random initial weights."""
+        if self.cfg.ema_decay == 0:
+            raise ValueError("update_average on a router head with router.ema_decay=0")
+        t = int(self.ema_updates)
+        decay = min(float(self.cfg.ema_decay), (1 + t) / (10 + t))
+        params = list(self.mlp.named_parameters())
+        with _gathered([w for _, w in params]):
+            for name, weight in params:
+                # FSDP2 shards the live weights (DTensor): the average holds the whole tensor
+                full = weight.full_tensor() if hasattr(weight, "full_tensor") else weight
+                average = getattr(self, _ema_key(name))
+                average.lerp_(full.detach().to(average), 1.0 - decay)
+        self.ema_updates += 1
+        return decay
 
     def entropy_coef(self, step: int) -> float:
         c = self.cfg
@@ -66,6 +116,20 @@ class RouterPolicy(RouterHead):
             self.cfg.sup_coef,
             rollout.target.to(device),
         )
+
+
+def _ema_key(weight_name: str) -> str:
+    """Buffer name of a weight's average: ``1.weight`` -> ``ema_1_weight``."""
+    return "ema_" + weight_name.replace(".", "_")
+
+
+def _gathered(weights: list[torch.Tensor]):
+    """DeepSpeed ZeRO-3 keeps each rank's partition only: gather the whole weights to read them."""
+    if not any(hasattr(w, "ds_id") for w in weights):
+        return nullcontext()
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters(weights, modifier_rank=None)
 
 
 def lambda_window_step(

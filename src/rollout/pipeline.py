@@ -169,10 +169,14 @@ class RolloutPipeline:
         return self.buffer.draw(fresh, request, seed), scalars
 
     def evaluate(self, records: list[dict[str, Any]], step: int, lam: float) -> RolloutBatch:
-        """Validation rollouts: the eval sampling (greedy, one per prompt by default)."""
+        """Validation rollouts: the eval sampling (greedy, one per prompt by default), each prompt on
+        the argmax route of the router's Polyak average (its live head without ``router.ema_decay``)."""
         if self.eval_sampling is None:
             raise ValueError("validation needs rollout eval sampling (single-turn collectors only)")
-        return self._collect(CollectRequest(records, step, lam, self.eval_sampling, argmax_routes=True))
+        request = CollectRequest(
+            records, step, lam, self.eval_sampling, argmax_routes=True, averaged_router=True
+        )
+        return self._collect(request)
 
     def _collector_fn(self, step: int, lam: float) -> CollectFn:
         def collect(rows: list[dict[str, Any]], sampling: SamplingParams | None) -> RolloutBatch:

@@ -22,6 +22,8 @@ class CollectRequest:
     generator: seeds the router's sampling (None: unseeded).
     argmax_routes: every row takes the router's most likely route (validation: the router's
         decision, as greedy decoding is the actor's), not a draw.
+    averaged_router: route with the head's Polyak average (``router.ema_decay``; validation), not
+        the live head that training samples from.
     """
 
     records: list[dict[str, Any]]
@@ -30,6 +32,7 @@ class CollectRequest:
     sampling: SamplingParams | None = None
     generator: torch.Generator | None = None
     argmax_routes: bool = False
+    averaged_router: bool = False
 
 
 @runtime_checkable

@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 import torch
@@ -109,10 +110,11 @@ class SingleTurnCollector:
         sampling: SamplingParams,
         scorer: ResponseScorer,
         router: RouterConfig,
-        router_logits_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+        router_logits_fn: Callable[..., torch.Tensor] | None = None,
     ):
         """``scorer`` holds the tool families, the cost function and the reward config; ``router``
-        is the ``router`` group (read: enable, sample, prompt_mode, actor_reward)."""
+        is the ``router`` group (read: enable, sample, prompt_mode, actor_reward).
+        ``router_logits_fn(prompt_ids, prompt_mask, averaged=False)`` -> logits [P, 3]."""
         self.tokenizer = tokenizer
         self.engine = engine
         self.sampling = sampling
@@ -134,7 +136,7 @@ class SingleTurnCollector:
         sampling = request.sampling or self.sampling
         contexts = [record_context(r, self.families, with_label=self.router.enable) for r in records]
         sample_routes = self.router.sample and not request.argmax_routes
-        decision = self.route(records, sampling.n, generator, sample_routes)
+        decision = self.route(records, sampling.n, generator, sample_routes, request.averaged_router)
         generation = self.generate(records, contexts, decision, sampling)
         t0 = time.perf_counter()
         row_contexts = [ctx for ctx in contexts for _ in range(sampling.n)]
@@ -148,14 +150,19 @@ class SingleTurnCollector:
         return batch
 
     def route(
-        self, records: list[dict], copies: int, generator: torch.Generator | None, sample: bool
+        self,
+        records: list[dict],
+        copies: int,
+        generator: torch.Generator | None,
+        sample: bool,
+        averaged: bool = False,
     ) -> RouteDecision | None:
-        """The router's decision for each of the P·copies rows; None when the router is off."""
+        """The router's decision for each of the P·copies rows; None when the router is off.
+        ``averaged``: the head's Polyak average decides (validation), else the live head."""
         if not self.router.enable:
             return None
-        logits = router_logits(
-            self.router_logits_fn, [r["prompt_ids"] for r in records], self.tokenizer.pad_token_id
-        )
+        logits_fn = partial(self.router_logits_fn, averaged=True) if averaged else self.router_logits_fn
+        logits = router_logits(logits_fn, [r["prompt_ids"] for r in records], self.tokenizer.pad_token_id)
         return decide_routes(logits, copies, sample, generator)
 
     def generate(

@@ -114,3 +114,30 @@ def test_router_on_base_embeddings_keeps_the_base_models_table(tmp_path):
     # the actor starts from the warm start, and the head trains
     assert not torch.equal(first["actor.model.embed_tokens.weight"], base)
     assert not torch.equal(first["router_head.mlp.1.weight"], last["router_head.mlp.1.weight"])
+
+
+def test_router_head_average_is_checkpointed_and_routes_inference(router_run_with_resume):
+    """router.ema_decay (the demo's 0.99): every checkpoint holds the head's Polyak average, one
+    update per step, resumed with the run; it trails the live weights, and inference (infer.py,
+    evaluate.py) routes with it, not with the live head."""
+    from src.datamodules.schema import read_rlla_parquet
+    from src.jobs.build import data_files
+    from src.jobs.inference import load_router_policy
+    from src.rollout.engines.types import left_pad
+
+    run_dir, first = router_run_with_resume
+    assert int(first["state_dict"]["router_head.ema_updates"]) == 4
+    last = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    state = last["state_dict"]
+    assert int(state["router_head.ema_updates"]) == 6
+    assert not torch.equal(state["router_head.ema_1_weight"], state["router_head.mlp.1.weight"])
+
+    policy = load_router_policy(run_dir, device="cpu")
+    assert policy.config.router.ema_decay == 0.99
+    batch = [r.messages for r in read_rlla_parquet(data_files(policy.config)[1][0])[0][:6]]
+    ids, mask = left_pad([policy.prompt_ids(m) for m in batch], policy.tokenizer.pad_token_id)
+    with torch.no_grad():
+        averaged = torch.softmax(policy.module.router_logits(ids, mask, averaged=True), -1)
+        live = torch.softmax(policy.module.router_logits(ids, mask), -1)
+    torch.testing.assert_close(policy.route_probs(batch), averaged)
+    assert not torch.allclose(averaged, live)

@@ -29,14 +29,16 @@ def bandit_table(n: int, seed: int) -> ReplayTable:
     return ReplayTable(inputs, reward, cost, label)
 
 
-@pytest.mark.parametrize("budget", [0.3, 0.5])
-def test_replay_holds_the_budget_and_routes_by_label(budget):
+@pytest.mark.parametrize("budget, ema_decay", [(0.3, 0.0), (0.5, 0.0), (0.3, 0.99)])
+def test_replay_holds_the_budget_and_routes_by_label(budget, ema_decay):
     """Tools gain 2 over answer on tool prompts, so λ settles near 2 and the budget decides how many
-    tool prompts get a tool; ANSWER prompts stay on answer and tool routes take the own family."""
+    tool prompts get a tool; ANSWER prompts stay on answer and tool routes take the own family.
+    With ``ema_decay`` the held-out figures are the head's Polyak average's, as a run's are."""
     cfg = RouterConfig(
         enable=True, pooling="tail", mlp_hidden=32, lr=3e-3, budget=budget, lambda_init=1.0,
         lambda_lr=0.15, lambda_update="pid", lambda_kp=2.0, lambda_cost_ema=0.8,
         entropy_coef=0.3, entropy_coef_final=0.1, entropy_decay_steps=200, norm_adv_by_std=False,
+        ema_decay=ema_decay,
     )  # fmt: skip
     out = replay(bandit_table(2048, 0), bandit_table(256, 1), cfg, seed=0, steps=400)
     assert abs(out["cost_last50"] - budget) <= 0.05, out
