@@ -8,8 +8,9 @@ The first call writes ``<run>/replay/{train,test}.pt`` (each prompt's router inp
 reward / cost under every route: a few minutes on CPU); later calls reuse them. Overrides are the
 run's ``router.*`` keys (``src.config.groups.RouterConfig``). One line per seed: the last 50 steps'
 mean cost and λ range, training accuracies, and the final head's greedy accuracies and tool rate on
-the held-out split, then whether the issue-19 targets hold (|cost − B| <= 0.05, held-out answer
-accuracy and family accuracy >= 0.9). ``--inputs-from warm_start`` (or an HF model dir) replays on
+the held-out split (its Polyak average with ``router.ema_decay``, as a run evaluates it), then
+whether the issue-19 targets hold (|cost − B| <= 0.05, held-out answer accuracy and family
+accuracy >= 0.9). ``--inputs-from warm_start`` (or an HF model dir) replays on
 the router inputs of another backbone, the rewards unchanged: whether the representation or the
 router's own learning decides its held-out accuracy. Overrides of ``router.pooling``,
 ``tail_tokens``, ``sif_a``, ``hidden_layer`` or ``input`` re-pool the inputs from the run's final backbone
