@@ -83,7 +83,8 @@ def test_replay_script_on_a_real_run(router_run, tmp_path):
     records = read_rlla_parquet(data_files(policy.config)[0][0])[0][:8]
     with torch.no_grad():
         want = policy.route_logits([r.messages for r in records])
-        got = policy.module.router_head.mlp(train["inputs"])
+        # inference routes with the head's Polyak average (router.ema_decay): the same MLP input
+        got = policy.module.router_head.pooled_logits(train["inputs"], averaged=True)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
