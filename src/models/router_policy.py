@@ -12,7 +12,6 @@ from collections.abc import Sequence
 from contextlib import nullcontext
 
 import torch
-from torch.func import functional_call
 
 from src.algorithms.dual_update import DualState
 from src.algorithms.lagrange import window_lagrange_step
@@ -70,8 +69,9 @@ class RouterPolicy(RouterHead):
         averaged weights where ``router.ema_decay`` > 0 (else there is no average: the live ones)."""
         if not averaged or self.cfg.ema_decay == 0:
             return self.mlp(pooled.to(self.mlp[1].weight.dtype))
-        weights = {name: getattr(self, _ema_key(name)) for name, _ in self.mlp.named_parameters()}
-        return functional_call(self.mlp, weights, (pooled.to(weights["1.weight"].dtype),))
+        return self.mlp_with(
+            {name: getattr(self, _ema_key(name)) for name, _ in self.mlp.named_parameters()}, pooled
+        )
 
     @torch.no_grad()
     def update_average(self) -> float:

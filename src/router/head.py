@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from src.router.sif import remove_component, tail_mask
@@ -106,6 +107,17 @@ class RouterHead(nn.Module):
     ) -> torch.Tensor:
         """hidden [B, L, H], attention_mask [B, L] (prompt_ids [B, L] for "sif") -> logits [B, 3]."""
         return self.mlp(self.represent(hidden, attention_mask, prompt_ids).to(self.mlp[1].weight.dtype))
+
+    def mlp_with(self, weights: dict[str, torch.Tensor], pooled: torch.Tensor) -> torch.Tensor:
+        """``self.mlp``'s function with other weights (keys as ``self.mlp.named_parameters()``):
+        pooled [B, H] -> logits [B, 3]. Plain functional ops, no module call: sharding hooks (ZeRO-3,
+        FSDP2) act on module calls and would fetch the live weights."""
+        norm, _, act, drop, _ = self.mlp
+        x = pooled.to(weights["1.weight"].dtype)
+        x = F.layer_norm(x, norm.normalized_shape, weights["0.weight"], weights["0.bias"], norm.eps)
+        x = F.gelu(F.linear(x, weights["1.weight"], weights["1.bias"]), approximate=act.approximate)
+        x = F.dropout(x, drop.p, self.training)
+        return F.linear(x, weights["4.weight"], weights["4.bias"])
 
     def represent(
         self, hidden: torch.Tensor, attention_mask: torch.Tensor, prompt_ids: torch.Tensor | None = None

@@ -170,6 +170,27 @@ def test_strategy_killed_and_resumed_matches_uninterrupted_ddp(
     assert any(n.startswith("router_head.") and not torch.equal(expected[n], first[n]) for n in expected)
 
 
+@pytest.mark.parametrize("strategy", ["fsdp", pytest.param("deepspeed_stage_3", marks=_NO_DEEPSPEED)])
+def test_sharded_validation_routes_with_the_heads_average(strategy, tmp_path):
+    """Validation after every step on 2 ranks: the router's Polyak average (router.ema_decay, the
+    demo's) routes it and the val/routing scalars; its weights are read as plain tensors, not through
+    the sharded module, and the checkpoint holds the whole average, one update per step."""
+    run_dir = tmp_path / "run"
+    _run(
+        run_dir,
+        *TWO,
+        f"trainer.strategy={strategy}",
+        "trainer.val_check_interval=1",
+        "trainer.limit_val_batches=1",
+    )
+    series = scalars(run_dir)
+    assert [s for s, _ in series["val/routing_greedy/tool_rate"]] and "val/route_frac_answer" in series
+    state = consolidated_state_dict(latest_checkpoint(run_dir / "checkpoints"))
+    assert int(state["router_head.ema_updates"]) == 3
+    assert state["router_head.ema_1_weight"].shape == state["router_head.mlp.1.weight"].shape
+    assert not torch.equal(state["router_head.ema_1_weight"], state["router_head.mlp.1.weight"])
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", STRATEGIES[1:])  # DDP's own comparison is the test above
 def test_strategy_resumed_equals_its_own_uninterrupted_run_bit_for_bit(strategy, tmp_path):

@@ -60,6 +60,9 @@ def test_averaged_logits_are_the_mlp_with_the_averaged_weights():
     pooled = policy.represent(hidden, mask)
     torch.testing.assert_close(policy(hidden, mask, averaged=True), averaged_mlp(pooled))
     torch.testing.assert_close(policy(hidden, mask), policy.mlp(pooled))  # training reads the live head
+    torch.testing.assert_close(
+        policy.mlp_with(dict(policy.mlp.named_parameters()), pooled), policy.mlp(pooled)
+    )
     assert not torch.allclose(policy(hidden, mask, averaged=True), policy(hidden, mask))
 
 
