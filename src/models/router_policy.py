@@ -18,7 +18,7 @@ from src.algorithms.lagrange import window_lagrange_step
 from src.config.schema import DualSettings
 from src.algorithms.loss_module import advantage_fn
 from src.algorithms.losses import router_loss
-from src.algorithms.schedules import linear_decay
+from src.algorithms.schedules import ema_warmup_decay, linear_decay
 from src.config.schema import RouterHeadConfig
 from src.rollout.batch import RouterRollout
 from src.router.head import RouterHead
@@ -75,14 +75,12 @@ class RouterPolicy(RouterHead):
 
     @torch.no_grad()
     def update_average(self) -> float:
-        """Move the average toward the live weights after an optimizer step; returns the decay used.
-
-        decay_t = min(ema_decay, (1 + t) / (10 + t)) at the t-th update: the first updates follow
-        the live head closely, so the average is not held at the random initial weights."""
+        """Move the average toward the live weights after an optimizer step; returns the decay used
+        (``ema_warmup_decay``: the first updates follow the live head closely, so the average is not
+        held at the random initial weights)."""
         if self.cfg.ema_decay == 0:
             raise ValueError("update_average on a router head with router.ema_decay=0")
-        t = int(self.ema_updates)
-        decay = min(float(self.cfg.ema_decay), (1 + t) / (10 + t))
+        decay = ema_warmup_decay(int(self.ema_updates), self.cfg.ema_decay)
         params = list(self.mlp.named_parameters())
         with _gathered([w for _, w in params]):
             for name, weight in params:
