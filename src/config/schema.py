@@ -99,6 +99,9 @@ class RouterHeadConfig:
     pooling: str = "last"
     tail_tokens: int = 32
     sif_a: float = 0.03
+    # sif: the weight of a token that never occurs in the training prompts' tails (1.0: plain SIF,
+    # a / (a + 0)); 0.0 pools a prompt over the tokens the router was trained on
+    sif_unseen_weight: float = 1.0
     # which of the backbone's hidden states the head pools: -1 the last layer's; 0 the input
     # embeddings (a bag of the prompt's tokens, which a small model's upper layers may not beat on
     # prompts phrased unlike any training prompt); k the output of layer k

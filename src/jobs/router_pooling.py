@@ -50,7 +50,7 @@ def fit_sif_pooling(module, prompt_ids: Sequence[list[int]], pad_id: int, batch_
     if not prompt_ids:
         raise ValueError("router.pooling=sif: no training prompts to fit the token weights on")
     counts = token_counts(prompt_ids, head.sif_weight.numel(), cfg.tail_tokens)
-    weight = sif_token_weights(counts, cfg.sif_a)
+    weight = sif_token_weights(counts, cfg.sif_a, cfg.sif_unseen_weight)
     head.set_sif(weight, torch.zeros_like(head.sif_component))  # weighted means, nothing removed
     pooled = []
     for start in range(0, len(prompt_ids), batch_size):
@@ -67,7 +67,7 @@ def fit_sif_pooling(module, prompt_ids: Sequence[list[int]], pad_id: int, batch_
         "weight_min": float(weight.min()),
         "component_share": share,
     }
-    log.info("router SIF pooling fitted (a=%s): %s", cfg.sif_a, fitted)
+    log.info("router SIF pooling fitted (a=%s, unseen tokens %s): %s", cfg.sif_a, cfg.sif_unseen_weight, fitted)
     return fitted
 
 

@@ -8,6 +8,11 @@ and in the embedded benchmark letters are what vague tool requests are made of).
 token by a / (a + p(token)), p its frequency in the training prompts' pooled windows, so the rare,
 telling tokens carry the mean, then removes the pooled vectors' common direction (their first
 singular vector), which every prompt shares and which carries no label.
+
+A token that never occurs in the training windows has p = 0, so plain SIF gives it the full weight
+1, though the router head never read it in training (a tiny tokenizer cuts a held-out phrasing's
+new words into such pieces): ``unseen_weight`` sets what it weighs instead. At 0 a prompt pools
+over the tokens training gave the head, and a window of unseen tokens only pools to zero.
 """
 
 from __future__ import annotations
@@ -37,16 +42,20 @@ def token_counts(prompt_ids: list[list[int]], vocab_size: int, tail_tokens: int)
     return counts
 
 
-def sif_token_weights(counts: torch.Tensor, a: float) -> torch.Tensor:
-    """counts [V] -> weights [V] = a / (a + p), p = counts / counts.sum() (an unseen token: 1).
+def sif_token_weights(counts: torch.Tensor, a: float, unseen_weight: float = 1.0) -> torch.Tensor:
+    """counts [V] -> weights [V] = a / (a + p), p = counts / counts.sum(); a token with count 0
+    weighs ``unseen_weight`` (1.0: plain SIF's a / (a + 0)).
 
-    Raises ValueError unless a > 0 and some count is positive."""
+    Raises ValueError unless a > 0, unseen_weight >= 0 and some count is positive."""
     if not a > 0:
         raise ValueError(f"SIF weight parameter a must be > 0, got {a}")
+    if not unseen_weight >= 0:
+        raise ValueError(f"SIF unseen_weight must be >= 0, got {unseen_weight}")
     total = float(counts.sum())
     if not total > 0:
         raise ValueError("SIF weights need token counts: every count is 0")
-    return a / (a + counts / total)
+    weight = a / (a + counts / total)
+    return torch.where(counts > 0, weight, torch.full_like(weight, unseen_weight))
 
 
 def common_component(pooled: torch.Tensor) -> torch.Tensor:

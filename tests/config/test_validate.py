@@ -105,6 +105,7 @@ def test_prompts_split_evenly_over_devices():
         (["router.lambda_cost_ema=1.0"], "router.lambda_cost_ema"),
         (["router.ema_decay=1.0"], "router.ema_decay"),
         (["router.ema_decay=-0.1"], "router.ema_decay"),
+        (["router.sif_unseen_weight=-0.5"], "router.sif_unseen_weight"),
         (["router.hidden_layer=3"], "router.hidden_layer"),  # the tiny model has 2 layers
         (["router.hidden_layer=-4"], "router.hidden_layer"),
         (["router.input=logits"], "router.input"),

@@ -75,8 +75,11 @@ def test_sif_pooling_is_fitted_on_the_training_prompts_and_kept_over_resume(rout
     records = read_rlla_parquet(data_files(policy.config)[0][0])[0]
     ids = [policy.prompt_ids(r.messages) for r in records]
     weight = first["state_dict"]["router_head.sif_weight"]
-    want = sif_token_weights(token_counts(ids, weight.numel(), int(cfg.tail_tokens)), float(cfg.sif_a))
+    counts = token_counts(ids, weight.numel(), int(cfg.tail_tokens))
+    want = sif_token_weights(counts, float(cfg.sif_a), float(cfg.sif_unseen_weight))
     assert torch.allclose(weight, want.to(weight.dtype))
+    assert cfg.sif_unseen_weight == 0.0  # the demo's: tokens absent from the training tails weigh 0
+    assert bool((weight[counts == 0] == 0).all()) and bool((weight[counts > 0] > 0).all())
     assert float(weight.min()) < 0.5  # frequent tokens weigh less
     component = first["state_dict"]["router_head.sif_component"]
     assert float(component.norm()) == pytest.approx(1.0, abs=1e-5)

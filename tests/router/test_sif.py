@@ -37,6 +37,30 @@ def test_sif_weights_are_a_over_a_plus_frequency():
         sif_token_weights(torch.zeros(3), 0.1)
 
 
+def test_unseen_tokens_weigh_what_unseen_weight_says_and_pool_as_if_absent():
+    """router.sif_unseen_weight: a token with count 0 weighs it (seen tokens keep a / (a + p)); at 0
+    a prompt pools as the same prompt without its unseen tokens (the window holds them all here)."""
+    counts = torch.tensor([0.0, 1.0, 3.0, 0.0, 6.0], dtype=torch.float64)
+    plain = sif_token_weights(counts, 0.05)
+    for unseen in (0.0, 0.25):
+        got = sif_token_weights(counts, 0.05, unseen)
+        assert got[[0, 3]].tolist() == [unseen, unseen]
+        assert got[[1, 2, 4]].tolist() == plain[[1, 2, 4]].tolist()
+    with pytest.raises(ValueError, match="unseen_weight must be >= 0"):
+        sif_token_weights(counts, 0.05, -0.1)
+    weight = sif_token_weights(counts, 0.05, 0.0).float()
+    g = torch.Generator().manual_seed(0)
+    ids = torch.tensor([[1, 0, 2, 3, 4, 1]])
+    h = torch.randn(1, 6, 8, generator=g)
+    u = torch.nn.functional.normalize(torch.randn(8, generator=g), dim=0)
+    mask = torch.ones_like(ids)
+    got = prompt_representation(h, mask, "sif", 16, weight[ids], u)
+    seen = torch.tensor([0, 2, 4, 5])  # positions of ids 1, 2, 4, 1
+    want = prompt_representation(h[:, seen], mask[:, seen], "sif", 16, weight[ids[:, seen]], u)
+    assert torch.allclose(got, want, atol=1e-6)
+    assert not torch.allclose(got, prompt_representation(h, mask, "sif", 16, plain.float()[ids], u))
+
+
 def test_common_component_is_the_dominant_direction_by_power_iteration():
     g = torch.Generator().manual_seed(1)
     direction = torch.randn(16, generator=g)
