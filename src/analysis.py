@@ -23,6 +23,7 @@ __all__ = [
     "confusion_table",
     "default_run_dir",
     "evaluation_summary",
+    "held_out_routing",
     "last_steps_check",
     "load_manifest",
     "load_rollouts",
@@ -95,6 +96,22 @@ def load_rollouts(run_dir: str | Path) -> pd.DataFrame:
     if not frames:
         return pd.DataFrame()
     return pd.concat(frames, ignore_index=True)
+
+
+def held_out_routing(run_dir: str | Path, greedy: bool = True) -> pd.DataFrame:
+    """The router alone on the held-out split at each validation, from ``rollouts/val/routes_*``:
+    one row per validation step, one column per ``src.router.routing_eval.routing_metrics`` entry
+    (greedy: argmax routes; else expected over the route distribution). Empty when none."""
+    import torch
+
+    from src.router.routing_eval import routing_metrics
+
+    rows = {}
+    for path in sorted((Path(run_dir) / "rollouts" / "val").glob("routes_*.parquet")):
+        table = pd.read_parquet(path)
+        probs = torch.tensor(table[["p_answer", "p_search", "p_calculate"]].to_numpy())
+        rows[int(path.stem.split("_")[1])] = routing_metrics(probs, list(table.weak_label), greedy)
+    return pd.DataFrame.from_dict(rows, orient="index").rename_axis("step")
 
 
 def load_scalars(run_dir: str | Path, sub: str = "tensorboard") -> pd.DataFrame:

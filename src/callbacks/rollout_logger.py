@@ -1,9 +1,11 @@
-"""Writes one parquet of rollouts per step: <run dir>/rollouts/step_XXXXXXXX.parquet.
+"""Writes one parquet of rollouts per step: <run dir>/rollouts/step_XXXXXXXX.parquet, and one per
+validation: <run dir>/rollouts/val/rollouts_XXXXXXXX.parquet (XXXXXXXX the global step it followed).
 
-The rollouts come from ``training_step``'s outputs (``outputs["rollout"]``).
-Files are written atomically and never overwritten: a resumed run first removes the files of
-the steps it will run again (``src.callbacks.run_logs.truncate_rollouts``), so finding one here
-means two runs share a run directory, and the earlier run's rows are kept.
+The rollouts come from ``training_step``'s and ``validation_step``'s outputs (``outputs["rollout"]``),
+every rank's. Files are written atomically. A step's file is never overwritten: a resumed run first
+removes the files of the steps it will run again (``src.callbacks.run_logs.truncate_rollouts``), so
+finding one here means two runs share a run directory, and the earlier run's rows are kept. A
+validation's file is rewritten when a resumed run validates that step again (same weights).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ class RolloutLogger(pl.Callback):
     def __init__(self, out_dir: str | os.PathLike, every_n_steps: int = 1):
         self.out_dir = Path(out_dir)
         self.every = max(int(every_n_steps), 1)
+        self.val_rows: list[dict] = []  # this validation's rows so far (this rank's)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         rb = step_rollout(outputs)
@@ -30,25 +33,52 @@ class RolloutLogger(pl.Callback):
         step = int(rb.rows[0]["step"])
         if step % self.every:
             return
-        rows = generated_rows(rb)  # with dynamic sampling: the refills too, each row marked
-        if trainer.world_size > 1:  # every rank rolled out its own prompts: log them all
-            import torch.distributed as dist
-
-            gathered: list = [None] * trainer.world_size
-            dist.all_gather_object(gathered, [dict(r, rank=trainer.global_rank) for r in rows])
-            rows = [r for part in gathered for r in part]
+        rows = all_rank_rows(trainer, generated_rows(rb))  # with dynamic sampling: the refills too
         if not trainer.is_global_zero:
             return
-        self.out_dir.mkdir(parents=True, exist_ok=True)
         path = self.out_dir / f"step_{step:08d}.parquet"
         if path.exists():
             raise FileExistsError(
                 f"{path} already exists: another run wrote this step into the same run_dir "
                 "(resume with resume=true, which continues after the checkpoint, or use a new run_dir)"
             )
-        tmp = path.with_suffix(".parquet.tmp")
-        pd.DataFrame(rows).to_parquet(tmp, index=False)
-        os.replace(tmp, path)
+        write_rows(path, rows)
+
+    def on_validation_epoch_start(self, trainer, pl_module) -> None:
+        self.val_rows = []
+
+    def on_validation_batch_end(
+        self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0
+    ) -> None:
+        rb = step_rollout(outputs)
+        if rb is not None:
+            self.val_rows += rb.rows
+
+    def on_validation_epoch_end(self, trainer, pl_module) -> None:
+        if trainer.sanity_checking:
+            return
+        rows, self.val_rows = all_rank_rows(trainer, self.val_rows), []
+        if trainer.is_global_zero and rows:
+            write_rows(self.out_dir / "val" / f"rollouts_{trainer.global_step:08d}.parquet", rows)
+
+
+def all_rank_rows(trainer, rows: list[dict]) -> list[dict]:
+    """Every rank's rows (each rolled out its own prompts), marked with their rank when several."""
+    if trainer.world_size == 1:
+        return rows
+    import torch.distributed as dist
+
+    gathered: list = [None] * trainer.world_size
+    dist.all_gather_object(gathered, [dict(r, rank=trainer.global_rank) for r in rows])
+    return [r for part in gathered for r in part]
+
+
+def write_rows(path: Path, rows: list[dict]) -> None:
+    """The rows as one parquet, written atomically (a temporary file renamed over ``path``)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".parquet.tmp")
+    pd.DataFrame(rows).to_parquet(tmp, index=False)
+    os.replace(tmp, path)
 
 
 def step_rollout(outputs):

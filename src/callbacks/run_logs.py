@@ -27,6 +27,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _ROLLOUT_FILE = re.compile(r"step_(\d+)\.parquet")
+# a validation's rollouts and held-out routes (rollouts/val/), named by the step it followed
+_VAL_FILE = re.compile(r"(?:rollouts|routes)_(\d+)\.parquet")
 # AtomicCheckpointIO's ".<name>.<random>.tmp", the manifest's and the rollout logger's "<name>.tmp"
 _TMP_GLOBS = ("*.tmp", ".*.tmp")
 
@@ -34,7 +36,7 @@ _TMP_GLOBS = ("*.tmp", ".*.tmp")
 def remove_interrupted_writes(run_dir: str | os.PathLike) -> list[Path]:
     """Delete temporary files of interrupted atomic writes under checkpoints/, rollouts/, tensorboard/."""
     removed = []
-    for sub in ("checkpoints", "rollouts", "tensorboard"):
+    for sub in ("checkpoints", "rollouts", "rollouts/val", "tensorboard"):
         folder = Path(run_dir) / sub
         if not folder.is_dir():
             continue
@@ -59,11 +61,20 @@ def existing_run_artefacts(run_dir: str | os.PathLike) -> list[Path]:
 
 
 def truncate_rollouts(rollout_dir: str | os.PathLike, keep_below: int) -> int:
-    """Delete ``step_XXXXXXXX.parquet`` files of steps >= ``keep_below``. Returns how many."""
+    """Delete ``step_XXXXXXXX.parquet`` files of steps >= ``keep_below`` and the validations' files
+    (``val/``) of steps > ``keep_below``. Returns how many.
+
+    A checkpoint of step S is saved before the validation that follows step S, from the same
+    weights: a run resumed from it keeps that validation's files (rewritten if it runs it again)."""
     dropped = 0
     for path in sorted(Path(rollout_dir).glob("step_*.parquet")):
         match = _ROLLOUT_FILE.fullmatch(path.name)
         if match and int(match.group(1)) >= keep_below:
+            path.unlink()
+            dropped += 1
+    for path in sorted(Path(rollout_dir).glob("val/*.parquet")):
+        match = _VAL_FILE.fullmatch(path.name)
+        if match and int(match.group(1)) > keep_below:
             path.unlink()
             dropped += 1
     return dropped

@@ -21,11 +21,10 @@ import lightning.pytorch as pl
 import torch
 
 from src.algorithms.aggregation import aggregate
-from src.config.schema import DualSettings
 from src.algorithms.loss_module import build_loss_module
 from src.algorithms.losses import KL_ESTIMATORS, token_log_probs_and_entropy
 from src.algorithms.rollout_correction import logprob_abs_diff, rollout_is_weights
-from src.config.schema import AlgorithmConfig, OptimConfig, RouterHeadConfig
+from src.config.schema import AlgorithmConfig, DualSettings, OptimConfig, RouterHeadConfig
 from src.models.router_policy import RouterPolicy, initial_controller, lambda_window_step
 from src.models.sharding import fully_shard_policy
 from src.models.shared_prefix import prompt_groups, response_logit_pieces
@@ -33,7 +32,6 @@ from src.models.step_stats import add_stat
 from src.rollout.batch import PromptBatch, RolloutBatch, step_draw
 from src.rollout.metrics import non_finite
 from src.rollout.rank_metrics import all_rank_rollout_metrics
-from src.router.routing_eval import prompt_labels, routing_scalars
 
 log = logging.getLogger(__name__)
 
@@ -370,14 +368,10 @@ class ToolRouterModule(pl.LightningModule):
         )
 
     def validation_step(self, batch: PromptBatch, batch_idx: int):
-        """Logs the ``val/`` twins of the rollout scalars (rollouts from the RolloutCallback)."""
+        """Logs the ``val/`` twins of the rollout scalars (rollouts from the RolloutCallback). The
+        router alone is read on the whole held-out split (``HeldOutRoutingLogger``), not per batch."""
         rb = _attached_rollout(batch)
         metrics = all_rank_rollout_metrics(rb, prefix="val")
-        if rb.router is not None:  # the router alone on these held-out prompts: greedy and sampled
-            r = rb.router
-            labels = prompt_labels(r.target, r.prompt_index, len(r.prompt_ids))
-            logits = self.router_logits(r.prompt_ids, r.prompt_mask, averaged=True)
-            metrics.update(routing_scalars(logits, labels, "val"))
         self._warn_non_finite(metrics)
         self.log_dict(metrics, on_step=False, on_epoch=True, logger=True, batch_size=len(rb))
         return {"rollout": rb}

@@ -150,16 +150,6 @@ def _p_tool(probs: torch.Tensor) -> torch.Tensor:
     return 1.0 - probs[:, 0].to(torch.float64)
 
 
-def prompt_labels(target: torch.Tensor, prompt_index: torch.Tensor, n_prompts: int) -> list[str]:
-    """Weak label of each of ``n_prompts`` prompts from the rollouts' [N] label indices (-1 =
-    MIXED / unlabelled) and [N] prompt indices (every copy of a prompt carries its label)."""
-    names = {0: "ANSWER", 1: "SEARCH", 2: "CALCULATE"}
-    labels = ["MIXED"] * n_prompts
-    for t, p in zip(target.tolist(), prompt_index.tolist(), strict=True):
-        labels[p] = names.get(int(t), "MIXED")
-    return labels
-
-
 def routing_scalars(logits: torch.Tensor, labels: Sequence[str], prefix: str) -> dict[str, float]:
     """``{prefix}/routing_greedy/<metric>`` and ``{prefix}/routing_sampled/<metric>`` of the router's
     logits [P, 3] on P labelled prompts, plus ``{prefix}/routing/auc_answer_vs_tool``."""

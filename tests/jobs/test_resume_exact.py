@@ -353,8 +353,26 @@ def test_truncate_rollouts_and_remove_interrupted_writes(tmp_path):
     (ckpts / "step_00000002.ckpt").write_bytes(b"x")
     assert len(remove_interrupted_writes(tmp_path)) == 3
     assert sorted(p.name for p in ckpts.iterdir()) == ["step_00000002.ckpt"]
-    assert truncate_rollouts(rollouts, keep_below=2) == 2
-    assert sorted(p.name for p in rollouts.iterdir()) == ["step_00000000.parquet", "step_00000001.parquet"]
+    # validations (rollouts/val/): the one after step 2 (the checkpoint's step, same weights) stays
+    (rollouts / "val").mkdir()
+    for s in (1, 2, 3):
+        for kind in ("rollouts", "routes"):
+            (rollouts / "val" / f"{kind}_{s:08d}.parquet").write_bytes(b"x")
+    (rollouts / "val" / ".routes_00000004.parquet.tmp").write_bytes(b"x")
+    (rollouts / "val" / "rollouts_00000004.parquet.tmp").write_bytes(b"x")
+    assert len(remove_interrupted_writes(tmp_path)) == 2
+    assert truncate_rollouts(rollouts, keep_below=2) == 2 + 2
+    assert sorted(p.name for p in rollouts.iterdir()) == [
+        "step_00000000.parquet",
+        "step_00000001.parquet",
+        "val",
+    ]
+    assert sorted(p.name for p in (rollouts / "val").iterdir()) == [
+        "rollouts_00000001.parquet",
+        "rollouts_00000002.parquet",
+        "routes_00000001.parquet",
+        "routes_00000002.parquet",
+    ]
 
 
 def test_fresh_run_refuses_a_used_run_dir_and_resume_without_checkpoint_starts_over(tmp_path):

@@ -144,3 +144,44 @@ def test_router_head_average_is_checkpointed_and_routes_inference(router_run_wit
         live = torch.softmax(policy.module.router_logits(ids, mask), -1)
     torch.testing.assert_close(policy.route_probs(batch), averaged)
     assert not torch.allclose(averaged, live)
+
+
+def test_validation_reads_the_router_alone_on_the_whole_held_out_split(router_run):
+    """``trainer.limit_val_batches`` (4 batches of 8 prompts here) bounds the generated validation
+    rollouts, not the router's own reading: ``val/routing_*`` are the metrics of every held-out
+    prompt, as the per-prompt table in ``rollouts/val/`` recomputes them, and the last validation's
+    table is what ``scripts/evaluate.py --routing`` reads off the final checkpoint."""
+    import pandas as pd
+
+    from src.analysis import held_out_routing
+    from src.datamodules.schema import read_rlla_parquet
+    from src.jobs.build import data_files
+    from src.jobs.inference import load_router_policy
+    from src.jobs.routing_report import records_labels, records_probs
+    from src.router.routing_eval import routing_metrics
+
+    val = router_run / "rollouts" / "val"
+    steps = (2, 4, 6)  # val_check_interval 2: the first run's 2 and 4, the resumed run's 6
+    assert sorted(p.name for p in val.iterdir()) == sorted(
+        [f"rollouts_{s:08d}.parquet" for s in steps] + [f"routes_{s:08d}.parquet" for s in steps]
+    )
+    policy = load_router_policy(router_run, device="cpu")
+    records = read_rlla_parquet(data_files(policy.config)[1][0])[0]
+    routes = pd.read_parquet(val / "routes_00000006.parquet")
+    assert len(records) == 256 and list(routes.uid) == [r.uid for r in records]
+    assert list(routes.weak_label) == records_labels(policy, records)
+    assert len(pd.read_parquet(val / "rollouts_00000006.parquet")) == 4 * 8  # generated: the limit
+
+    probs = torch.tensor(routes[["p_answer", "p_search", "p_calculate"]].to_numpy())
+    torch.testing.assert_close(records_probs(policy, records).double(), probs, atol=1e-6, rtol=0)
+    assert list(routes.route) == [("answer", "search", "calculate")[int(i)] for i in probs.argmax(-1)]
+    series = scalars(router_run)
+    for mode, greedy in (("greedy", True), ("sampled", False)):
+        expected = routing_metrics(probs, list(routes.weak_label), greedy)
+        assert expected["tool_rate"] > 0
+        by_step = held_out_routing(router_run, greedy)
+        assert list(by_step.index) == list(steps)
+        for name, value in expected.items():
+            logged = series[f"val/routing_{mode}/{name}"][-1][1]  # the last validation's
+            assert logged == pytest.approx(value, abs=1e-6), f"val/routing_{mode}/{name}"
+            assert by_step.loc[6, name] == pytest.approx(value, abs=1e-12)

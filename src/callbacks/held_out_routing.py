@@ -1,0 +1,80 @@
+"""The router alone on every held-out prompt at each validation: ``val/routing_*`` scalars and a
+per-prompt table in the run directory.
+
+``trainer.limit_val_batches`` bounds the generated validation rollouts (their ``val/...`` reward and
+route scalars); the router's own reading costs one forward per prompt and no generation, so it
+covers the whole validation split: at 4 batches of 8 prompts only ~8 held-out requests are
+tool-routed, and one of them moved a family accuracy by 0.125. It routes with the head's Polyak
+average (``router.ema_decay``), as the validation rollouts, ``scripts/evaluate.py`` and
+``scripts/infer.py`` do.
+
+Table: ``<rollouts>/val/routes_XXXXXXXX.parquet`` (XXXXXXXX the global step), one row per prompt:
+uid, weak label, the three route probabilities and the argmax route; written atomically by rank 0.
+Every rank reads the whole split, so a sharded actor's forward runs on all of them alike.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import partial
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pandas as pd
+import torch
+
+from src.rollout.routing import ROUTE_NAMES, router_logits
+from src.router.context import record_context
+from src.router.families import ToolFamilies
+from src.router.routing_eval import routing_scalars
+
+
+class HeldOutRoutingLogger(pl.Callback):
+    """``families``: the job's tool families (weak labels, as the collector reads them);
+    ``pad_id``: the tokenizer's pad id; ``micro_batch``: prompts per router forward."""
+
+    def __init__(self, out_dir: str | os.PathLike, families: ToolFamilies, pad_id: int, micro_batch: int):
+        self.out_dir = Path(out_dir)
+        self.families, self.pad_id, self.micro_batch = families, int(pad_id), int(micro_batch)
+
+    def on_validation_epoch_end(self, trainer, pl_module) -> None:
+        if trainer.sanity_checking:
+            return
+        records = held_out_records(trainer)
+        logits = router_logits(
+            partial(pl_module.router_logits, averaged=True),
+            [r["prompt_ids"] for r in records],
+            self.pad_id,
+            self.micro_batch,
+        )
+        labels = [str(record_context(r, self.families, with_label=True).weak_label) for r in records]
+        # the same values on every rank (each read the whole split): nothing to reduce
+        pl_module.log_dict(routing_scalars(logits, labels, "val"), on_step=False, on_epoch=True, logger=True)
+        if trainer.is_global_zero:
+            write_routes(self.out_dir / f"routes_{trainer.global_step:08d}.parquet", records, labels, logits)
+
+
+def held_out_records(trainer) -> list[dict]:
+    """Every record of the datamodule's validation split (not this rank's share, not the batches
+    ``limit_val_batches`` lets through)."""
+    dm = trainer.datamodule
+    dataset = None if dm is None else dm.val_dataset
+    if dataset is None or len(dataset) == 0:
+        raise ValueError(
+            "HeldOutRoutingLogger needs the datamodule's validation split (val_dataset): validation "
+            "ran without one"
+        )
+    return list(dataset.records)
+
+
+def write_routes(path: Path, records: list[dict], labels: list[str], logits: torch.Tensor) -> None:
+    """One row per prompt (uid, weak_label, p_<route> for each route, route = the argmax), atomically."""
+    probs = torch.softmax(logits.double(), dim=-1)
+    frame = pd.DataFrame({"uid": [r["uid"] for r in records], "weak_label": labels})
+    for i, name in enumerate(ROUTE_NAMES):
+        frame[f"p_{name}"] = probs[:, i].numpy()
+    frame["route"] = [ROUTE_NAMES[int(i)] for i in probs.argmax(dim=-1)]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    frame.to_parquet(tmp, index=False)
+    os.replace(tmp, path)  # a validation run again after a resume rewrites the same step's table
