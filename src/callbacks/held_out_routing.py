@@ -23,6 +23,7 @@ import lightning.pytorch as pl
 import pandas as pd
 import torch
 
+from src.atomic_files import atomic_file
 from src.rollout.routing import ROUTE_NAMES, router_logits
 from src.router.context import record_context
 from src.router.families import ToolFamilies
@@ -74,7 +75,5 @@ def write_routes(path: Path, records: list[dict], labels: list[str], logits: tor
     for i, name in enumerate(ROUTE_NAMES):
         frame[f"p_{name}"] = probs[:, i].numpy()
     frame["route"] = [ROUTE_NAMES[int(i)] for i in probs.argmax(dim=-1)]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    frame.to_parquet(tmp, index=False)
-    os.replace(tmp, path)  # a validation run again after a resume rewrites the same step's table
+    with atomic_file(path) as tmp:  # a validation run again after a resume rewrites its step's table
+        frame.to_parquet(tmp, index=False)

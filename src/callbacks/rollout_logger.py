@@ -17,6 +17,7 @@ from pathlib import Path
 import lightning.pytorch as pl
 import pandas as pd
 
+from src.atomic_files import atomic_file
 from src.rollout.batch import generated_rows
 
 
@@ -74,11 +75,9 @@ def all_rank_rows(trainer, rows: list[dict]) -> list[dict]:
 
 
 def write_rows(path: Path, rows: list[dict]) -> None:
-    """The rows as one parquet, written atomically (a temporary file renamed over ``path``)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".parquet.tmp")
-    pd.DataFrame(rows).to_parquet(tmp, index=False)
-    os.replace(tmp, path)
+    """The rows as one parquet, written atomically (``src.atomic_files.atomic_file``)."""
+    with atomic_file(path) as tmp:
+        pd.DataFrame(rows).to_parquet(tmp, index=False)
 
 
 def step_rollout(outputs):

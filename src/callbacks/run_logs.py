@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 _ROLLOUT_FILE = re.compile(r"step_(\d+)\.parquet")
 # a validation's rollouts and held-out routes (rollouts/val/), named by the step it followed
 _VAL_FILE = re.compile(r"(?:rollouts|routes)_(\d+)\.parquet")
-# AtomicCheckpointIO's ".<name>.<random>.tmp", the manifest's and the rollout logger's "<name>.tmp"
+# AtomicCheckpointIO's and atomic_file's (rollout logs) ".<name>.<random>.tmp", the manifest's "<name>.tmp"
 _TMP_GLOBS = ("*.tmp", ".*.tmp")
 
 
