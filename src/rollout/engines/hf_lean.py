@@ -7,12 +7,18 @@ pieces); the rest is the linears (docs/benchmarks.md has the profile). This step
 parameters, read when the step is built (once per generate call, so weight updates between calls
 are live):
 
-- every product runs as W [out, in] @ x^T on the module's own weight (q / k / v concatenated into
-  one, gate / up into one, once per call), giving an [out, rows] result read through its transpose:
-  at 16 rows on CPU (MKL) this orientation runs 1.25-2.3x faster than x @ W^T (``F.linear``) or
-  x @ a copied [in, out] weight (the LM head's 8k x 256 product 0.48 vs 1.12 / 0.95 ms, gate / up
-  0.12 vs 0.17 / 0.19 ms), and no weight is copied but the two concatenations; the LM head's
-  [V, rows] logits are copied once, into the [rows, V] rows the sampler reads;
+- q / k / v run as one product and gate / up as one (their weights concatenated once per call);
+- on CPU in fp32 every product runs through oneDNN on weights reordered once per call into its
+  blocked layout (``torch.ops.mkldnn``, the kernels inductor's CPU linears use). A decode step
+  reads every weight once and the model's ~25 MB do not stay in cache between steps, so each
+  product streams its weight from memory; oneDNN's kernels stream it ~2x faster than MKL's
+  sgemm at 16 rows (cold weights: gate / up 139 vs 312 us, the 8k x 256 LM head 482 vs 1051 us;
+  a whole decode step of the bench model 16-18 % faster, docs/benchmarks.md), and give the
+  [rows, out] result directly;
+- elsewhere (CUDA, other dtypes, no oneDNN) every product runs as W [out, in] @ x^T on the
+  module's own weight, an [out, rows] result read through its transpose: at 16 rows with MKL this
+  orientation runs 1.25-2.3x faster than x @ W^T (``F.linear``); the LM head's [V, rows] logits are
+  copied once, into the [rows, V] rows the sampler reads;
 - the prompt's keys / values stay as the prefill wrote them, once per prompt ([P, kv, W, d]); the
   G samples' queries attend to them as one batch (G times less cache read per step), and to their
   own generated keys / values ([P, kv, G, T, d], written in place, one slot per step); one softmax
@@ -100,33 +106,55 @@ def _rms_norm(norm, x: torch.Tensor) -> torch.Tensor:
     return norm.weight * y.to(x.dtype)
 
 
-def _fused(*modules) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(W [sum of outs, in] contiguous, bias [sum of outs, 1] or None) of linears that read one input."""
-    weight = modules[0].weight if len(modules) == 1 else torch.cat([m.weight for m in modules], dim=0)
-    if all(m.bias is None for m in modules):
-        return weight, None
-    biases = [m.bias if m.bias is not None else m.weight.new_zeros(m.out_features) for m in modules]
-    return weight, torch.cat(biases)[:, None]
+def onednn_products(weight: torch.Tensor) -> bool:
+    """Whether the decode step's products run through oneDNN for parameters like ``weight``: on
+    CPU, in fp32, where PyTorch was built with it (module docstring)."""
+    return (
+        weight.device.type == "cpu" and weight.dtype == torch.float32 and torch.backends.mkldnn.is_available()
+    )
 
 
-def _product(x: torch.Tensor, fused: tuple[torch.Tensor, torch.Tensor | None]) -> torch.Tensor:
-    """x [rows, in] -> [rows, out], computed as W [out, in] @ x^T: a view of an [out, rows] product."""
-    weight, bias = fused
-    return (weight @ x.t() if bias is None else torch.addmm(bias, weight, x.t())).t()
+class _Linear:
+    """``x [rows, in] -> [rows, out]`` of one or more linears that read the same input, their
+    weights concatenated (one product), laid out once per generate call (module docstring)."""
+
+    def __init__(self, *modules, rows: int, onednn: bool):
+        weight = modules[0].weight if len(modules) == 1 else torch.cat([m.weight for m in modules], dim=0)
+        bias = None
+        if any(m.bias is not None for m in modules):
+            bias = torch.cat(
+                [m.bias if m.bias is not None else m.weight.new_zeros(m.out_features) for m in modules]
+            )
+        self.onednn = onednn
+        if onednn:  # oneDNN's blocked copy of W, its kernel picked for `rows` rows
+            self.weight, self.bias = torch.ops.mkldnn._reorder_linear_weight(weight, rows), bias
+        else:
+            self.weight, self.bias = weight, None if bias is None else bias[:, None]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.onednn:
+            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        # W [out, in] @ x^T, a view of an [out, rows] product (module docstring)
+        out = self.weight @ x.t() if self.bias is None else torch.addmm(self.bias, self.weight, x.t())
+        return out.t()
 
 
 class _LayerWeights:
     """One decoder layer's products, laid out for the decode step (see the module docstring)."""
 
-    def __init__(self, layer):
+    def __init__(self, layer, rows: int, onednn: bool):
         attn, mlp = layer.self_attn, layer.mlp
-        self.qkv = _fused(attn.q_proj, attn.k_proj, attn.v_proj)
+        self.qkv = _Linear(attn.q_proj, attn.k_proj, attn.v_proj, rows=rows, onednn=onednn)
         self.split = (attn.q_proj.out_features, attn.k_proj.out_features, attn.v_proj.out_features)
-        self.o = _fused(attn.o_proj)
-        self.gate_up = _fused(mlp.gate_proj, mlp.up_proj)
+        self.o = _Linear(attn.o_proj, rows=rows, onednn=onednn)
+        self.gate_up = _Linear(mlp.gate_proj, mlp.up_proj, rows=rows, onednn=onednn)
         self.inter = mlp.gate_proj.out_features
-        self.down = _fused(mlp.down_proj)
-        self.attn, self.input_norm, self.post_norm = attn, layer.input_layernorm, layer.post_attention_layernorm
+        self.down = _Linear(mlp.down_proj, rows=rows, onednn=onednn)
+        self.attn, self.input_norm, self.post_norm = (
+            attn,
+            layer.input_layernorm,
+            layer.post_attention_layernorm,
+        )
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
@@ -164,8 +192,10 @@ class LeanStep:
         )
         self.bias = bias[:, None, None, None, :]  # [P, 1, 1, 1, W]
         position = attn.sum(-1).repeat_interleave(n)[:, None] + torch.arange(t_max, device=attn.device)
-        self.layers = [_LayerWeights(layer) for layer in body.layers]
-        self.head = _fused(model.lm_head)
+        # the fixed-shape step is the CUDA graph's, whose products stay plain tensor ops
+        onednn = not fixed_shape and onednn_products(model.lm_head.weight)
+        self.layers = [_LayerWeights(layer, p * n, onednn) for layer in body.layers]
+        self.head = _Linear(model.lm_head, rows=p * n, onednn=onednn)
         cos, sin = body.rotary_emb(keys, position)  # [P*n, T, d]
         half = sin.shape[-1] // 2
         sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
@@ -177,16 +207,16 @@ class LeanStep:
         h = F.embedding(tokens, body.embed_tokens.weight)
         for layer, prompt, gen in zip(self.layers, self.prompt_kv, self.gen_kv):
             h = h + self._attention(layer, _rms_norm(layer.input_norm, h), prompt, gen, slot)
-            gate, up = _product(_rms_norm(layer.post_norm, h), layer.gate_up).split(layer.inter, dim=-1)
-            h = h + _product(F.silu(gate) * up, layer.down)
-        # W_head @ x^T is [V, rows]; one transposing copy gives the sampler the rows it reads
-        return _product(_rms_norm(body.norm, h), self.head).contiguous()
+            gate, up = layer.gate_up(_rms_norm(layer.post_norm, h)).split(layer.inter, dim=-1)
+            h = h + layer.down(F.silu(gate) * up)
+        # the sampler reads [rows, V] rows: oneDNN's result is one, W_head @ x^T a transposed view
+        return self.head(_rms_norm(body.norm, h)).contiguous()
 
     def _attention(self, layer: _LayerWeights, x, prompt, gen, slot: _Slot) -> torch.Tensor:
         (pk_t, pv), (gk, gv) = prompt, gen
         p, kv_heads, d, width = pk_t.shape
         rows, n, rep = x.shape[0], self.n, self.rep
-        q, k, v = _product(x, layer.qkv).split(layer.split, dim=-1)
+        q, k, v = layer.qkv(x).split(layer.split, dim=-1)
         q = _rope(q.reshape(rows, -1, d), slot.cos, slot.sin) * layer.attn.scaling
         k = _rope(k.reshape(rows, kv_heads, d), slot.cos, slot.sin)
         # grouped layout [P, kv, n, ...]: query head h reads kv head h // rep (HF's repeat_kv)
@@ -207,7 +237,7 @@ class LeanStep:
             p, kv_heads, n, rep, d
         )
         out = out + torch.matmul(probs[..., width:], own_v)
-        return _product(out.transpose(1, 2).reshape(rows, -1), layer.o)
+        return layer.o(out.transpose(1, 2).reshape(rows, -1))
 
 
 class _Slot:

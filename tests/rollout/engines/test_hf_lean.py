@@ -69,6 +69,40 @@ def test_the_lean_step_gives_the_logits_of_the_hf_forward_at_every_position(mode
             assert torch.allclose(got, ref, atol=1e-5, rtol=1e-5), (j, (got - ref).abs().max())
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_cpu_fp32_products_run_through_onednn_others_plain_and_both_give_the_hf_logits(dtype):
+    """The sliced step on a CPU fp32 model multiplies by oneDNN-reordered weights (the fast path on
+    CPU); fp64 (and the fixed-shape step of the CUDA graph) keep the plain W @ x^T products."""
+    model = _random_model("qwen2").to(dtype)
+    vocab, n, t_max = model.config.vocab_size, 2, 6
+    ids, attn = _left_padded([4, 9], vocab)
+    with torch.no_grad():
+        _, hf_forward = hf_stepper(model, ids, attn, n, t_max)
+        _, lean = lean_stepper(model, ids, attn, n, t_max)
+        fixed = hf_lean.LeanStep(model, _prefilled_cache(model, ids, attn), attn, n, t_max, fixed_shape=True)
+        onednn = dtype == torch.float32 and torch.backends.mkldnn.is_available()
+        assert [lean.head.onednn, *(layer.down.onednn for layer in lean.layers)] == [onednn] * 3
+        assert not fixed.head.onednn and not any(layer.gate_up.onednn for layer in fixed.layers)
+        tol = 1e-5 if dtype == torch.float32 else 1e-7  # HF's RMSNorm normalises in fp32 either way
+        g = torch.Generator().manual_seed(2)
+        for j in range(t_max - 1):
+            tokens = torch.randint(2, vocab, (ids.shape[0] * n,), generator=g)
+            ref, got = hf_forward(tokens, j), lean(tokens, j)
+            assert got.dtype == dtype and got.is_contiguous()
+            assert torch.allclose(got, ref, atol=tol, rtol=tol), (j, (got - ref).abs().max())
+            assert torch.allclose(fixed(tokens, torch.tensor(j)), ref, atol=tol, rtol=tol)
+
+
+def _prefilled_cache(model, ids, attn):
+    from transformers import DynamicCache
+
+    from src.rollout.engines.hf_decode import _prefill
+
+    cache = DynamicCache()
+    _prefill(model, ids, attn, cache)
+    return cache
+
+
 @contextlib.contextmanager
 def forward_calls(model):
     """Counts the calls of ``model``'s own forward while the block runs (yields the growing list)."""
