@@ -13,7 +13,7 @@ are live):
   reads every weight once and the model's ~25 MB do not stay in cache between steps, so each
   product streams its weight from memory; oneDNN's kernels stream it ~2x faster than MKL's
   sgemm at 16 rows (cold weights: gate / up 139 vs 312 us, the 8k x 256 LM head 482 vs 1051 us;
-  a whole decode step of the bench model 16-18 % faster, docs/benchmarks.md), and give the
+  a whole decode step of the bench model 15-21 % faster, docs/benchmarks.md), and give the
   [rows, out] result directly;
 - elsewhere (CUDA, other dtypes, no oneDNN) every product runs as W [out, in] @ x^T on the
   module's own weight, an [out, rows] result read through its transpose: at 16 rows with MKL this
