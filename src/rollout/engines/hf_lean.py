@@ -109,8 +109,11 @@ def _rms_norm(norm, x: torch.Tensor) -> torch.Tensor:
 def onednn_products(weight: torch.Tensor) -> bool:
     """Whether the decode step's products run through oneDNN for parameters like ``weight``: on
     CPU, in fp32, where PyTorch was built with it (module docstring)."""
+    on_cpu_fp32 = weight.device.type == "cpu" and weight.dtype == torch.float32
     return (
-        weight.device.type == "cpu" and weight.dtype == torch.float32 and torch.backends.mkldnn.is_available()
+        on_cpu_fp32
+        and torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
     )
 
 
