@@ -87,9 +87,16 @@ def unsupported_reason(model) -> str | None:
     return None
 
 
+# transformers installs these on every decoder layer at a model's first forward with
+# output_hidden_states / output_attentions, for good; they record nothing unless such a forward is
+# running (the router's hidden-state pass is one), and the lean step never runs one
+_INERT_HOOK_MODULES = ("transformers.utils.output_capturing",)
+
+
 def _hooked(model) -> bool:
     modules = [*model.model.modules(), model.lm_head]
-    return any(m._forward_hooks or m._forward_pre_hooks for m in modules)
+    hooks = [h for m in modules for h in (*m._forward_hooks.values(), *m._forward_pre_hooks.values())]
+    return any(getattr(h, "__module__", None) not in _INERT_HOOK_MODULES for h in hooks)
 
 
 def log_fallback_once(reason: str) -> None:

@@ -217,6 +217,23 @@ def test_a_model_with_hooks_on_its_decoder_modules_is_not_supported():
     assert unsupported_reason(model) is None
 
 
+def test_transformers_output_capturing_hooks_keep_the_lean_step():
+    """A forward with output_hidden_states (the router's pass) leaves transformers' own recording hooks
+    on every layer for good; they record nothing outside such a forward, so the lean step still runs."""
+    model = _random_model("llama")
+    model(input_ids=torch.tensor([[2, 3, 4]]), output_hidden_states=True)
+    assert any(layer._forward_hooks for layer in model.model.layers)  # installed by transformers
+    assert unsupported_reason(model) is None
+    prompts = _prompts(model.config.vocab_size)
+    sampling = SamplingParams(n=2, temperature=0.0, max_new_tokens=6)
+    with forward_calls(model) as calls:
+        got = _engine(model, LEAN, eos=[]).generate(prompts, sampling)
+    assert len(calls) == 1  # the prefill only
+    assert got.token_lists() == _engine(model, LOOP, eos=[]).generate(prompts, sampling).token_lists()
+    model.model.layers[0].register_forward_hook(lambda *_: None)  # a hook of one's own still counts
+    assert "forward hooks" in unsupported_reason(model)
+
+
 def test_sharded_weights_keep_the_hf_forward(tiny, monkeypatch):
     """FSDP2 / ZeRO-3 gather each layer's weights in the module's forward hooks: no lean step."""
     from src.rollout.engines import hf
