@@ -160,11 +160,8 @@ class _LayerWeights:
         self.gate_up = _Linear(mlp.gate_proj, mlp.up_proj, rows=rows, onednn=onednn)
         self.inter = mlp.gate_proj.out_features
         self.down = _Linear(mlp.down_proj, rows=rows, onednn=onednn)
-        self.attn, self.input_norm, self.post_norm = (
-            attn,
-            layer.input_layernorm,
-            layer.post_attention_layernorm,
-        )
+        self.attn = attn
+        self.input_norm, self.post_norm = layer.input_layernorm, layer.post_attention_layernorm
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:

@@ -2,11 +2,10 @@
 
 import pytest
 import torch
-from test_hf_lean import EOS, PAD, _left_padded, _prompts, _random_model
+from test_hf_lean import EOS, PAD, _left_padded, _prompts, _random_model, lean_step
 
 from src.rollout.engines.hf import HFEngineSettings, HFGenerateEngine
 from src.rollout.engines.hf_decode import lean_stepper
-from src.rollout.engines.hf_lean import LeanStep
 from src.rollout.engines.types import SamplingParams
 
 EAGER = HFEngineSettings(decode="lean", cuda_graph=False)
@@ -19,23 +18,13 @@ def model(request, tiny):
     return tiny[0] if request.param == "embedded" else _random_model(request.param)
 
 
-def _steps(model, fixed: bool, ids, attn, n: int, t_max: int):
-    from transformers import DynamicCache
-
-    from src.rollout.engines.hf_decode import _prefill
-
-    cache = DynamicCache()
-    _prefill(model, ids, attn, cache)
-    return LeanStep(model, cache, attn, n, t_max, fixed_shape=fixed)
-
-
 def test_the_fixed_shape_step_gives_the_logits_of_the_sliced_step_at_every_slot(model):
     vocab, n, t_max = model.config.vocab_size, 3, 10
     ids, attn = _left_padded([6, 2, 9], vocab, seed=4)
     g = torch.Generator().manual_seed(2)
     with torch.no_grad():
-        sliced = _steps(model, False, ids, attn, n, t_max)
-        fixed = _steps(model, True, ids, attn, n, t_max)
+        sliced = lean_step(model, False, ids, attn, n, t_max)
+        fixed = lean_step(model, True, ids, attn, n, t_max)
         for j in range(t_max):
             tokens = torch.randint(2, vocab, (ids.shape[0] * n,), generator=g)
             ref = sliced(tokens, j)
@@ -49,7 +38,7 @@ def test_the_fixed_shape_step_reads_no_slot_after_j():
     ids, attn = _left_padded([4, 7], model.config.vocab_size, seed=1)
     tokens = torch.tensor([5, 6, 7, 8])
     with torch.no_grad():
-        step = _steps(model, True, ids, attn, 2, 6)
+        step = lean_step(model, True, ids, attn, 2, 6)
         step(tokens, torch.tensor(0))
         clean = step(tokens + 1, torch.tensor(1))
         for keys, values in step.gen_kv:

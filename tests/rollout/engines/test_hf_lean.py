@@ -79,7 +79,7 @@ def test_cpu_fp32_products_run_through_onednn_others_plain_and_both_give_the_hf_
     with torch.no_grad():
         _, hf_forward = hf_stepper(model, ids, attn, n, t_max)
         _, lean = lean_stepper(model, ids, attn, n, t_max)
-        fixed = hf_lean.LeanStep(model, _prefilled_cache(model, ids, attn), attn, n, t_max, fixed_shape=True)
+        fixed = lean_step(model, True, ids, attn, n, t_max)
         onednn = dtype == torch.float32 and torch.backends.mkldnn.is_available()
         assert [lean.head.onednn, *(layer.down.onednn for layer in lean.layers)] == [onednn] * 3
         assert not fixed.head.onednn and not any(layer.gate_up.onednn for layer in fixed.layers)
@@ -93,14 +93,15 @@ def test_cpu_fp32_products_run_through_onednn_others_plain_and_both_give_the_hf_
             assert torch.allclose(fixed(tokens, torch.tensor(j)), ref, atol=tol, rtol=tol)
 
 
-def _prefilled_cache(model, ids, attn):
+def lean_step(model, fixed: bool, ids, attn, n: int, t_max: int):
+    """A ``LeanStep`` on the prompts' prefill: the sliced step (``fixed=False``) or the fixed-shape one."""
     from transformers import DynamicCache
 
     from src.rollout.engines.hf_decode import _prefill
 
     cache = DynamicCache()
     _prefill(model, ids, attn, cache)
-    return cache
+    return hf_lean.LeanStep(model, cache, attn, n, t_max, fixed_shape=fixed)
 
 
 @contextlib.contextmanager
