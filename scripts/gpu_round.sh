@@ -2,7 +2,7 @@
 # One round of the GPU checks on a lent machine (docs/benchmarks.md, "GPU"), in priority order under
 # one deadline, each part with its own log:
 #   1. the environment (GPU, torch, transformers, the wheels it lacks installed from WHEELS);
-#   2. the CUDA-graph decode tests (tests/rollout/engines/test_hf_graph.py, marker gpu);
+#   2. the CUDA-graph decode tests (tests/unit/rollout/engines/test_hf_graph.py, marker gpu);
 #   3. the ~0.37 B setting of ../shared/bench/README.md (P8 G8 T256, bf16) side by side with TRL:
 #      TRL, ours decode=lean, ours decode=lean as CUDA graphs (scripts/bench_side_by_side.py);
 #   4. the gpu-marked job tests (bf16 on one GPU; FSDP2, ZeRO-2, ZeRO-3 with checkpoint + resume);
@@ -46,7 +46,7 @@ python3 "$SHARE/bench/truncate_parquet.py" $W/q05b "$SHARE/data/rlla_4k/test.par
 
 part "2. CUDA-graph decode tests"
 cd "$REPO"
-timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/rollout/engines/test_hf_graph.py 2>&1 | tail -15 | tee "$OUT/graph_tests.log"
+timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/unit/rollout/engines/test_hf_graph.py 2>&1 | tail -15 | tee "$OUT/graph_tests.log"
 
 side_by_side() {  # $1 = our engines (TRL runs first)
   timeout "$(left)" python3 scripts/bench_side_by_side.py --work $W --model q05b --device cuda --settings P8G8T256 \
@@ -58,7 +58,7 @@ side_by_side hf,hfgraph
 
 if [ "$(left)" -gt 200 ]; then
   part "4. gpu job tests ($(left) s left)"
-  timeout $(($(left) - 90)) python3 -m pytest -v -m gpu -p no:cacheprovider tests/jobs/test_gpu_jobs.py 2>&1 | tail -40 > "$OUT/gpu_job_tests.log"
+  timeout $(($(left) - 90)) python3 -m pytest -v -m gpu -p no:cacheprovider tests/e2e/jobs/test_gpu_jobs.py 2>&1 | tail -40 > "$OUT/gpu_job_tests.log"
   tail -5 "$OUT/gpu_job_tests.log"
 fi
 

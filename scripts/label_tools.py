@@ -6,7 +6,7 @@
 The sidecar (``{"tool name": "search" | "calculate" | "other"}``) covers every tool listed in
 any row's system prompt; ``ToolFamilies.from_file`` reads it back. The labels file has one row
 per example: ``uid`` (``extra_info.index``) and ``router_target_action`` (ANSWER / SEARCH /
-CALCULATE / MIXED, see ``src.router.labels.weak_label``); rows are read as XML unless
+CALCULATE / MIXED, see ``src.router.routes.weak_label``); rows are read as XML unless
 ``data_source`` is ``rlla_gpt`` (harmony).
 
 With ``--endpoint`` (an OpenAI-compatible server: ``http://host:port``, ``.../v1`` or the full
@@ -33,7 +33,7 @@ import pandas as pd
 
 from src.formats.tools_block import parse_tools_block
 from src.router.families import FAMILIES, ToolFamilies, label_tool
-from src.router.labels import weak_label
+from src.router.routes import weak_label
 from src.router.usage import tool_usage
 
 log = logging.getLogger("label_tools")

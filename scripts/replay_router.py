@@ -6,7 +6,7 @@
 
 The first call writes ``<run>/replay/{train,test}.pt`` (each prompt's router input and greedy
 reward / cost under every route: a few minutes on CPU); later calls reuse them. Overrides are the
-run's ``router.*`` keys (``src.config.groups.RouterConfig``). One line per seed: the last 50 steps'
+run's ``router.*`` keys (``src.config.schema.RouterConfig``). One line per seed: the last 50 steps'
 mean cost and λ range, training accuracies, and the final head's greedy accuracies and tool rate on
 the held-out split (its Polyak average with ``router.ema_decay``, as a run evaluates it), then
 whether the issue-19 targets hold (|cost − B| <= 0.05, held-out answer accuracy and family
@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from omegaconf import OmegaConf
 
-    from src.config.groups import RouterConfig
+    from src.config.schema import RouterConfig
     from src.jobs.inference import resolve_run
     from src.jobs.router_replay import replay
 

@@ -13,9 +13,8 @@ from omegaconf import DictConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from src.config.errors import ConfigError  # noqa: E402
 from src.config.job import register_configs  # noqa: E402
-from src.jobs.checks import validate_job  # noqa: E402
+from src.config.validate import ConfigError  # noqa: E402
 
 CONFIG_ERROR_EXIT = 2
 register_configs()
@@ -47,22 +46,33 @@ def keep_exit_code_on_signals() -> None:
 @hydra.main(version_base="1.3", config_path="../configs", config_name="train")
 def main(cfg: DictConfig) -> None:
     exit_on_signals()  # SIGINT / SIGTERM before the trainer's handlers: exit 130 / 143, never 1 or 0
-    try:
-        validate_job(cfg)  # before the model and data are loaded: a bad config fails in seconds
-    except ConfigError as err:
-        logging.getLogger("toolrouter").error("%s", err)
-        sys.exit(CONFIG_ERROR_EXIT)
     from src.jobs.train import train
 
     try:
-        metrics, _ = train(cfg)
+        metrics, _ = train(cfg)  # validates first: a bad config fails before anything is loaded
+    except ConfigError as err:
+        logging.getLogger("toolrouter").error("%s", err)
+        sys.exit(CONFIG_ERROR_EXIT)
     except SystemExit as stop:
         if stop.code in (128 + signal.SIGINT, 128 + signal.SIGTERM):
             keep_exit_code_on_signals()
         raise
-    logging.getLogger("toolrouter").info(
-        "final metrics: %s", {k: round(v, 4) for k, v in sorted(metrics.items())}
-    )
+    log_run_summary(cfg, metrics)
+
+
+def log_run_summary(cfg: DictConfig, metrics: dict[str, float]) -> None:
+    """A few lines on what the run achieved and where its outputs are (the RL jobs), or the final
+    scalars (SFT). Every metric stays in TensorBoard."""
+    log = logging.getLogger("toolrouter")
+    if cfg.task == "sft":
+        log.info("final metrics: %s", {k: round(v, 4) for k, v in sorted(metrics.items())})
+        return
+    from src.analysis import run_summary
+    from src.jobs.build import resume_command
+
+    budget = float(cfg.router.budget) if cfg.router.enable else None
+    for line in run_summary(cfg.run_dir, budget, resume_command(cfg)):
+        log.info("%s", line)
 
 
 if __name__ == "__main__":

@@ -144,7 +144,7 @@ def weak_labels_from_records(records, families=None) -> dict[int, str]:
     from src.formats.tools_block import tool_descriptions
     from src.rewards.dispatch import response_format
     from src.router.families import ToolFamilies
-    from src.router.labels import weak_label
+    from src.router.routes import weak_label
 
     families = families or ToolFamilies()
     return {
@@ -541,3 +541,48 @@ def reward_by_request_class(rollouts: pd.DataFrame, parquet_files: list[str | Pa
         )
         .reset_index()
     )
+
+
+# ---------------------------------------------------------------------------- end of a run
+def _fmt(value) -> str:
+    return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.3f}"
+
+
+def run_summary(
+    run_dir: str | Path, budget: float | None, resume_command: str, n_steps: int = 50
+) -> list[str]:
+    """The few lines a run's log ends with: what it achieved and where its outputs are.
+
+    From the run's own files: over the last ``n_steps`` steps of the rollout log Ê[cost] against
+    ``budget`` (None: no router), the route accuracies and the task reward; the router alone on the
+    held-out split at the last validation (``rollouts/val/routes_*``); the run dir and how to resume.
+    """
+    rollouts = load_rollouts(run_dir)
+    lines = [f"run dir: {run_dir}"]
+    reward = "reward_task" if "reward_task" in rollouts else "reward"
+    if reward in rollouts:
+        steps = sorted(rollouts["step"].unique())
+        first, recent = steps[:n_steps], steps[-n_steps:]
+        mean = {
+            name: float(rollouts.loc[rollouts["step"].isin(part), reward].mean())
+            for name, part in (("first", first), ("last", recent))
+        }
+        lines.append(
+            f"last {len(recent)} steps: task reward {_fmt(mean['last'])} (first {len(first)}: {_fmt(mean['first'])})"
+        )
+        if budget is not None and "weak_label" in rollouts:
+            last = last_steps_check(rollouts, budget, n_steps)
+            lines.append(
+                f"last {last['n_steps']} steps: Ê[cost] {_fmt(last['cost_mean'])} vs B {budget:.3f}; "
+                f"route accuracy answer {_fmt(last['route_acc_answer'])}, family {_fmt(last['route_acc_family'])}"
+            )
+    routing = held_out_routing(run_dir) if budget is not None else pd.DataFrame()
+    if not routing.empty:
+        step, row = routing.index[-1], routing.iloc[-1].to_dict()
+        keys = ("route_acc_answer", "route_acc_family", "recall_search", "recall_calculate", "tool_rate")
+        lines.append(
+            f"held-out routing at step {step} (router alone, argmax): "
+            + ", ".join(f"{k.replace('route_acc_', 'acc ')} {_fmt(row.get(k))}" for k in keys)
+        )
+    lines.append(f"resume (after a stop, or with a larger trainer.max_steps): {resume_command}")
+    return lines

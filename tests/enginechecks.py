@@ -6,12 +6,14 @@ import copy
 
 import torch
 
-from src.rollout.engines.build import build_hf_engine
-from src.rollout.engines.types import SamplingParams
+from src.config.sampling import SamplingParams
+from src.rollout.factory import build_hf_engine
 
 
 def greedy(engine, prompts, tok) -> list[list[int]]:
-    sampling = SamplingParams(n=1, temperature=0.0, max_new_tokens=12, stop_token_ids=[tok.eos_token_id])
+    sampling = SamplingParams(
+        n_generations_per_prompt=1, temperature=0.0, max_new_tokens=12, stop_token_ids=[tok.eos_token_id]
+    )
     return engine.generate(prompts, sampling).token_lists()
 
 

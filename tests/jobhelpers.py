@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 CACHE = REPO / ".cache" / "toolrouter"
+TESTS = Path(__file__).resolve().parent
+# the environment of the training processes the tests start: tests/ on the path, for the fault
+# injector (``+callbacks.fault._target_=faults.SignalAtStep``)
+TRAIN_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))}
 # the short router_grpo run the session fixture trains (tiny SFT warm start)
 ROUTER_RUN_OVERRIDES = [
     "experiment=router_grpo",
@@ -25,7 +30,9 @@ def train_cmd(*overrides: str) -> list[str]:
 
 
 def run_train(*overrides: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    proc = subprocess.run(train_cmd(*overrides), cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        train_cmd(*overrides), cwd=REPO, capture_output=True, text=True, timeout=timeout, env=TRAIN_ENV
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return proc
 

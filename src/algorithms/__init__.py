@@ -7,15 +7,15 @@ Registries pick math by name from the ``algorithm`` config:
   ``rloo``, ``reinforce_pp``.
 * The second, per-step contract (``rlvcr``): ``fn(traj_rewards [E], traj_groups [E],
   steps: StepLevels (step_episode [S], level_scores [S, 4], level_costs [S, 4], orig_level [S],
-  qualifies [S]), params: RlvcrParams) -> RlvcrAdvantages`` (per-step and per-trajectory advantages), computed on the rollout side (``rollout/rlvcr/augment.py``) with ``rlvcr_steps.py`` (qualify, format penalty,
+  qualifies [S]), params: RlvcrParams) -> RlvcrAdvantages`` (per-step and per-trajectory advantages), computed on the rollout side (``rollout/rlvcr/augment.py``) with ``rlvcr.py`` (qualify, format penalty,
   scatter onto tokens); it reaches the module as ``RolloutBatch.token_advantages`` [N, T]
   (``models/module.py:ROLLOUT_SIDE_ESTIMATORS``) and composes with any policy loss.
-* The Lagrangian reward and λ: ``lagrange.py`` (``lagrangian_reward``, ``lagrange_update``,
-  ``window_lagrange_step``).
+* The Lagrangian reward and λ: ``lagrange.py`` (``lagrangian_reward``, the controllers
+  ``DUAL_UPDATES``, λ's state ``LagrangeMultiplier`` and its update ``lambda_window_step``).
 * ``get_policy_loss_fn(name)`` -> ``fn(log_probs, old_log_probs, advantages, mask, **params)
   -> PolicyLossOutput(loss, clipped, ratio)``, all [B, T]. Built in: ``ppo_clip`` (dual clip,
   log-ratio clamp), ``gspo``.
-* aggregation modes (``aggregation.py``): ``token-mean``, ``seq-mean-token-sum``,
+* aggregation modes (``losses.py``): ``token-mean``, ``seq-mean-token-sum``,
   ``seq-mean-token-mean``, ``seq-mean-token-sum-norm``.
 
 A *loss module* (``loss_module.LossModule``) is one estimator + one policy loss + one aggregation
@@ -53,10 +53,22 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from src.algorithms.advantages import ADVANTAGES, group_ids, register_advantage
-from src.algorithms.aggregation import LOSS_AGG, aggregate, normaliser, register_aggregation
-from src.algorithms.loss_module import LossModule, build_loss_module
-from src.algorithms.policy_losses import POLICY_LOSSES, PolicyLossOutput, register_policy_loss
+from src.algorithms.loss_module import (
+    ADVANTAGES,
+    LossModule,
+    build_loss_module,
+    group_ids,
+    register_advantage,
+)
+from src.algorithms.losses import (
+    LOSS_AGG,
+    POLICY_LOSSES,
+    PolicyLossOutput,
+    aggregate,
+    normaliser,
+    register_aggregation,
+    register_policy_loss,
+)
 
 __all__ = [
     "LOSS_AGG",

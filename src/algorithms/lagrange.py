@@ -1,28 +1,151 @@
-"""The Lagrangian reward, dual ascent on the tool budget, and running averages.
+"""λ, the Lagrange multiplier of the tool budget E[cost] ≤ B: the Lagrangian reward, the controllers
+that move λ, and λ's state with its windowed update. Everything about λ lives in this file.
 
-The router maximises r_task − λ·cost subject to E[cost] ≤ B; λ moves by projected gradient
-ascent on the dual: λ ← max(0, λ + η·(Ê[cost] − B)). λ grows while the policy overspends and
-decays to 0 once it is under budget.
+The router maximises r_task − λ·cost subject to E[cost] ≤ B (``lagrangian_reward``). λ is moved by a
+controller picked by name (``DUAL_UPDATES``, ``router.lambda_update``):
+
+``gradient``: projected dual ascent, λ ← max(0, λ + k_i·(Ê[cost] − B)). It is an integral-only
+controller: λ lags the router, so the cost overshoots B, λ keeps climbing, the router over-corrects
+and the two oscillate.
+
+``pid``: the PID Lagrangian of Stooke, Achiam & Abbeel (2020), "Responsive Safety in RL by PID
+Lagrangian Methods". With Δ = Ê[cost] − B and c̄ an exponential average of Ê[cost]:
+    I ← max(0, I + k_i·Δ)                           (the integral, in λ units; starts at λ_init)
+    P = k_p·(c̄ − B)                                 (reacts now to over- or under-spending)
+    D = k_d·max(0, c̄ − c̄_prev)                       (brakes a rising cost before it overshoots)
+    λ = max(0, I + P + D), capped at λ_max when given
+With k_p = k_d = 0 this is exactly ``gradient``. The proportional term damps the oscillation the
+integral alone produces; the integral still removes any steady-state offset.
+
+λ's state is ``LagrangeMultiplier``: three buffers (λ, the cost window, the controller's memory),
+checkpointed with the LightningModule that holds it and identical on every rank; its ``update``
+is ``lambda_window_step``, a pure function of those tensors.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import torch
 
-from src.algorithms.dual_update import DualGains, DualState, dual_step
 from src.config.schema import DualSettings
 
 __all__ = [
-    "EMA",
+    "DUAL_UPDATES",
+    "DualGains",
+    "DualState",
+    "LagrangeMultiplier",
     "dual_gains",
-    "RunningMean",
-    "lagrange_update",
+    "dual_step",
+    "init_dual_state",
+    "initial_controller",
     "lagrangian_reward",
+    "lambda_window_step",
     "window_lagrange_step",
 ]
+
+
+def lagrangian_reward(task_rewards: torch.Tensor, costs: torch.Tensor, lam: float) -> torch.Tensor:
+    """r_router = r_task − λ·cost. [N], [N] -> [N] float32 (seed 001's Lagrangian relaxation)."""
+    if lam < 0 or not math.isfinite(float(lam)):
+        raise ValueError(f"lam must be a finite number >= 0, got {lam!r}")
+    return task_rewards.float() - float(lam) * costs.float()
+
+
+@dataclass(frozen=True)
+class DualGains:
+    """Controller gains: ``ki`` (the dual learning rate), ``kp``, ``kd``; ``cost_ema`` the decay of
+    the cost average the P and D terms read (0 = the raw window mean); ``lambda_max`` a cap."""
+
+    ki: float
+    kp: float = 0.0
+    kd: float = 0.0
+    cost_ema: float = 0.0
+    lambda_max: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("ki", "kp", "kd", "cost_ema"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value < 0:
+                raise ValueError(f"dual gain {name} must be a finite number >= 0, got {value!r}")
+        if self.cost_ema >= 1:
+            raise ValueError(f"dual gain cost_ema must be in [0, 1), got {self.cost_ema}")
+        if self.lambda_max is not None and not self.lambda_max >= 0:
+            raise ValueError(f"lambda_max must be >= 0, got {self.lambda_max!r}")
+
+
+@dataclass(frozen=True)
+class DualState:
+    """λ and the controller's memory. ``cost_avg`` is NaN until the first update."""
+
+    lam: float
+    integral: float
+    cost_avg: float = math.nan
+    p: float = 0.0
+    d: float = 0.0
+
+    def state_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+    @classmethod
+    def from_state_dict(cls, state: dict[str, Any]) -> DualState:
+        expected = {f for f in cls.__dataclass_fields__}
+        if not isinstance(state, dict) or set(state) != expected:
+            got = sorted(state) if isinstance(state, dict) else type(state).__name__
+            raise ValueError(f"DualState: expected keys {sorted(expected)}, got {got}")
+        return cls(**{k: float(v) for k, v in state.items()})
+
+
+def init_dual_state(lambda_init: float) -> DualState:
+    """The state before any update: λ = integral = ``lambda_init``."""
+    if not math.isfinite(lambda_init) or lambda_init < 0:
+        raise ValueError(f"lambda_init must be a finite number >= 0, got {lambda_init!r}")
+    return DualState(lam=float(lambda_init), integral=float(lambda_init))
+
+
+def _check(mean_cost: float, budget: float) -> None:
+    for name, value in (("mean_cost", mean_cost), ("budget", budget)):
+        if not math.isfinite(value):
+            raise ValueError(f"{name} must be a finite number, got {value!r}")
+
+
+def _cap(lam: float, gains: DualGains) -> float:
+    lam = max(0.0, lam)
+    return min(lam, gains.lambda_max) if gains.lambda_max is not None else lam
+
+
+def gradient_step(state: DualState, mean_cost: float, budget: float, gains: DualGains) -> DualState:
+    """λ ← max(0, λ + k_i·(mean_cost − B)) (capped); k_p, k_d and cost_ema are ignored."""
+    _check(mean_cost, budget)
+    lam = _cap(state.lam + gains.ki * (mean_cost - budget), gains)
+    return DualState(lam=lam, integral=lam, cost_avg=mean_cost)
+
+
+def pid_step(state: DualState, mean_cost: float, budget: float, gains: DualGains) -> DualState:
+    """One PID Lagrangian update (module doc) from the window's mean cost."""
+    _check(mean_cost, budget)
+    first = math.isnan(state.cost_avg)
+    avg = mean_cost if first else gains.cost_ema * state.cost_avg + (1 - gains.cost_ema) * mean_cost
+    integral = max(0.0, state.integral + gains.ki * (mean_cost - budget))
+    p = gains.kp * (avg - budget)
+    d = 0.0 if first else gains.kd * max(0.0, avg - state.cost_avg)
+    return replace(state, lam=_cap(integral + p + d, gains), integral=integral, cost_avg=avg, p=p, d=d)
+
+
+DUAL_UPDATES: dict[str, Callable[[DualState, float, float, DualGains], DualState]] = {
+    "gradient": gradient_step,
+    "pid": pid_step,
+}
+
+
+def dual_step(name: str, state: DualState, mean_cost: float, budget: float, gains: DualGains) -> DualState:
+    """The registered controller ``name`` ("gradient" | "pid") applied once."""
+    if name not in DUAL_UPDATES:
+        raise ValueError(f"router.lambda_update={name!r}; expected one of {sorted(DUAL_UPDATES)}")
+    return DUAL_UPDATES[name](state, mean_cost, budget, gains)
 
 
 def dual_gains(dual: DualSettings) -> DualGains:
@@ -34,34 +157,6 @@ def dual_gains(dual: DualSettings) -> DualGains:
         cost_ema=dual.lambda_cost_ema,
         lambda_max=dual.lambda_max,
     )
-
-
-def _finite(name: str, value: float) -> float:
-    value = float(value)
-    if not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number, got {value!r}")
-    return value
-
-
-def lagrangian_reward(task_rewards: torch.Tensor, costs: torch.Tensor, lam: float) -> torch.Tensor:
-    """r_router = r_task − λ·cost. [N], [N] -> [N] float32 (seed 001's Lagrangian relaxation)."""
-    if lam < 0 or not math.isfinite(float(lam)):
-        raise ValueError(f"lam must be a finite number >= 0, got {lam!r}")
-    return task_rewards.float() - float(lam) * costs.float()
-
-
-def lagrange_update(lam: float, mean_cost: float, budget: float, lr: float) -> float:
-    """max(0, lam + lr · (mean_cost − budget)).
-
-    Raises ValueError for a negative λ or learning rate, or any non-finite input.
-    """
-    lam, mean_cost = _finite("lam", lam), _finite("mean_cost", mean_cost)
-    budget, lr = _finite("budget", budget), _finite("lr", lr)
-    if lam < 0:
-        raise ValueError(f"lam must be >= 0, got {lam}")
-    if lr < 0:
-        raise ValueError(f"lr must be >= 0, got {lr}")
-    return max(0.0, lam + lr * (mean_cost - budget))
 
 
 def window_lagrange_step(
@@ -87,65 +182,70 @@ def window_lagrange_step(
     return new, scalars
 
 
-class RunningMean:
-    """Exact mean of everything seen since the last reset (weighted by counts)."""
+def lambda_window_step(
+    lam: torch.Tensor,
+    window: torch.Tensor,
+    controller: torch.Tensor,
+    step_totals: torch.Tensor,
+    dual: DualSettings,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, float]]:
+    """λ's state after one step: (λ [], window [4], controller [5], scalars to log).
 
-    def __init__(self) -> None:
-        self.total = 0.0
-        self.count = 0.0
+    Adds the step's [cost sum, reward sum, count] (over every rank) to ``window`` (its last entry
+    counts steps); every ``dual.lambda_every_k`` steps moves λ by the controller
+    (``window_lagrange_step``), whose memory ``controller`` holds (integral, cost average, P, D,
+    updates so far: the average exists from the first update on), and empties the window. The
+    inputs are not changed."""
+    window = window.clone()
+    window[:3] += step_totals.to(window)
+    window[3] += 1
+    if int(window[3]) % max(int(dual.lambda_every_k), 1):
+        return lam.clone(), window, controller.clone(), {}
+    integral, cost_avg, p, d, updates = (float(v) for v in controller)
+    cost_avg = cost_avg if updates else float("nan")  # DualState's "no average yet"
+    state = DualState(lam=float(lam), integral=integral, cost_avg=cost_avg, p=p, d=d)
+    new, scalars = window_lagrange_step(state, window[:3], dual)
+    memory = [new.integral, new.cost_avg, new.p, new.d, updates + 1]
+    window[:3] = 0
+    return (
+        torch.full_like(lam, new.lam),
+        window,
+        torch.tensor(memory, dtype=controller.dtype, device=controller.device),
+        scalars,
+    )
 
-    def update(self, value: float, count: float = 1.0) -> float:
-        """Add ``value`` as the mean of ``count`` observations; returns the new mean."""
-        value, count = _finite("value", value), _finite("count", count)
-        if count < 0:
-            raise ValueError(f"count must be >= 0, got {count}")
-        self.total += value * count
-        self.count += count
-        return self.value
+
+def initial_controller(lambda_init: float) -> torch.Tensor:
+    """The controller's memory before any update: integral = λ_init, no cost average (0 updates).
+
+    No NaN in a buffer: checkpoints and weight comparisons stay plain numbers."""
+    return torch.tensor([float(lambda_init), 0.0, 0.0, 0.0, 0.0], dtype=torch.float64)
+
+
+class LagrangeMultiplier(torch.nn.Module):
+    """λ's state as buffers: ``lam`` [] (the λ rollouts are scored with), ``window`` [4] (cost sum,
+    task-reward sum, rollouts, steps since the last update) and ``controller`` [5]. Buffers, so they
+    are checkpointed with the module that holds this one and identical on every rank (DDP
+    broadcasts buffers); never trained."""
+
+    def __init__(self, dual: DualSettings, lambda_init: float):
+        super().__init__()
+        self.dual = dual
+        self.register_buffer("lam", torch.tensor(float(lambda_init)))
+        self.register_buffer("window", torch.zeros(4, dtype=torch.float64))
+        self.register_buffer("controller", initial_controller(lambda_init))
 
     @property
     def value(self) -> float:
-        """The mean so far (NaN before any observation)."""
-        return self.total / self.count if self.count > 0 else math.nan
+        return float(self.lam)
 
-    def reset(self) -> None:
-        self.total, self.count = 0.0, 0.0
-
-    def state_dict(self) -> dict[str, float]:
-        return {"total": self.total, "count": self.count}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        _check_keys("RunningMean", state, {"total", "count"})
-        self.total, self.count = float(state["total"]), float(state["count"])
-
-
-class EMA:
-    """Exponential moving average m ← decay·m + (1−decay)·x, started at the first value."""
-
-    def __init__(self, decay: float = 0.9) -> None:
-        decay = _finite("decay", decay)
-        if not 0.0 <= decay < 1.0:
-            raise ValueError(f"EMA decay must be in [0, 1), got {decay}")
-        self.decay = decay
-        self.value = math.nan
-        self.steps = 0
-
-    def update(self, value: float) -> float:
-        """Fold in one value; returns the new average."""
-        value = _finite("value", value)
-        self.value = value if self.steps == 0 else self.decay * self.value + (1.0 - self.decay) * value
-        self.steps += 1
-        return self.value
-
-    def state_dict(self) -> dict[str, float]:
-        return {"decay": self.decay, "value": self.value, "steps": self.steps}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        _check_keys("EMA", state, {"decay", "value", "steps"})
-        self.decay, self.value, self.steps = float(state["decay"]), float(state["value"]), int(state["steps"])
-
-
-def _check_keys(owner: str, state: dict[str, Any], expected: set[str]) -> None:
-    if not isinstance(state, dict) or set(state) != expected:
-        got = sorted(state) if isinstance(state, dict) else type(state).__name__
-        raise ValueError(f"{owner}.load_state_dict: expected keys {sorted(expected)}, got {got}")
+    @torch.no_grad()
+    def update(self, step_totals: torch.Tensor) -> dict[str, float]:
+        """One step's [cost sum, reward sum, count] summed over every rank -> scalars to log."""
+        lam, window, controller, scalars = lambda_window_step(
+            self.lam, self.window, self.controller, step_totals, self.dual
+        )
+        self.lam.copy_(lam)
+        self.window.copy_(window)
+        self.controller.copy_(controller)
+        return scalars

@@ -7,6 +7,11 @@ be resumed exactly. So an exception writes nothing (the last periodic checkpoint
 resume point), and a signal lets the running step finish, saves, and stops the run; the job
 then exits with 128 + the signal number (130 for SIGINT, 143 for SIGTERM), never 0, so a
 scheduler can tell pre-emption from completion and requeue the resume command.
+
+``StopOnSignal`` is the one signal handler of a fit, RL and SFT alike: the first SIGINT / SIGTERM
+is latched (``SignalLatch``) and acted on at the step boundary, a second SIGINT stops at once;
+``Preempted`` carries the exit code. Before any fit, the entry point's ``exit_on_signals``
+(scripts/train.py) ends the job with the same codes.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import os
 import signal
 import subprocess
 import tempfile
+import threading
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
@@ -26,9 +32,52 @@ from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from src.callbacks.signal_latch import SignalLatch
-
 log = logging.getLogger(__name__)
+
+
+class Preempted(SystemExit):
+    """The run stopped on a signal; exit code 128 + signal."""
+
+    def __init__(self, signum: int):
+        super().__init__(128 + int(signum))
+        self.signum = int(signum)
+
+
+class SignalLatch:
+    """Installs SIGINT / SIGTERM handlers for a fit (``install`` / ``restore``); ``received`` is
+    the first signal, or None. ``then`` says what the owner does at the step boundary (logged)."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self, then: str):
+        self.then = then
+        self.received: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def _on_signal(self, signum: int, frame) -> None:
+        if self.received is not None and signum == signal.SIGINT:
+            # asked twice: stop now. Not KeyboardInterrupt: Lightning turns that into exit 1,
+            # and a scheduler must see 130.
+            raise Preempted(signal.SIGINT)
+        self.received = signum
+        log.warning(
+            "%s received: finishing this step, then %s (Ctrl-C again: stop now)",
+            signal.Signals(signum).name,
+            self.then,
+        )
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return  # signals reach the main thread only; Lightning's handlers stay in charge
+        for sig in self.SIGNALS:
+            self._previous[sig] = signal.getsignal(sig)
+            signal.signal(sig, self._on_signal)
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}
+
 
 PACKAGES = (
     "torch",
@@ -122,7 +171,7 @@ class ManifestWriter:
         if not trainer.is_global_zero:
             return
         module = trainer.lightning_module
-        lam = module.lagrange_lambda  # ToolRouterModule's buffer (0-dim), present with the router off too
+        lam = module.current_lambda()  # ToolRouterModule's λ, present with the router off too
         manifest = {
             # relative to the run directory, so a copied or moved run resumes from its own files
             "latest_checkpoint": relative_to_run_dir(ckpt_path, self.path.parent.parent),
@@ -179,21 +228,25 @@ class ManifestCheckpoint(ModelCheckpoint):
         return
 
 
-class InterruptCheckpoint(Checkpoint):
-    """SIGINT / SIGTERM: finish the running step, save ``<dirpath>/<filename>.ckpt`` at its end
-    (unless the periodic checkpoint just did), point the manifest at it and stop the trainer.
+class StopOnSignal(Checkpoint):
+    """SIGINT / SIGTERM during a fit: finish the running step, save the full training state to
+    ``save_to`` at its end (atomically through the trainer's checkpoint IO; not when the run just
+    finished or the periodic checkpoint saved this very step; None: save nothing), point the
+    ``manifest`` at it (RL runs) and stop the trainer. ``stopped_by`` is then the signal number
+    (the job exits 128 + it); ``saved_step`` the step saved. A second SIGINT stops at once without
+    saving (exit 130; the last checkpoint stays valid).
 
-    ``stopped_by`` is then the signal number (the job exits 128 + it). A second SIGINT stops at
-    once without saving (exit 130; the last checkpoint stays valid).
     Exceptions write nothing: see the module docstring. Being a ``Checkpoint``, Lightning runs it
-    after every other callback's ``on_train_batch_end`` (λ update, rollout log, periodic save).
+    after every other callback's ``on_train_batch_end`` (rollout log, periodic save); with no
+    other checkpoint callback (SFT) it is the trainer's only one.
     """
 
-    def __init__(self, manifest: ManifestWriter, dirpath, filename: str = "interrupted"):
+    def __init__(self, what: str, save_to: str | os.PathLike | None, manifest: ManifestWriter | None = None):
+        self.save_to = None if save_to is None else Path(save_to)
         self.manifest = manifest
-        self.ckpt_path = Path(dirpath) / f"{filename}.ckpt"
         self.stopped_by: int | None = None
-        self.latch = SignalLatch("saving a checkpoint and stopping")
+        self.saved_step: int | None = None
+        self.latch = SignalLatch(f"{'saving and ' if save_to else ''}stopping {what}")
 
     def on_train_start(self, trainer, pl_module) -> None:
         # installed after Lightning's own SIGTERM handler (registered just before the loop) so
@@ -205,15 +258,23 @@ class InterruptCheckpoint(Checkpoint):
         if not trainer.strategy.reduce_boolean_decision(received is not None, all=False):
             return
         self.stopped_by = received or signal.SIGTERM  # other ranks: the signal went to rank 0
-        if self.manifest.saved_step != trainer.global_step:
-            trainer.save_checkpoint(self.ckpt_path)
-            self.manifest.write(
-                trainer, self.ckpt_path, reason=f"signal:{signal.Signals(self.stopped_by).name}"
+        finished = 0 < trainer.max_steps <= trainer.global_step
+        saved_now = self.manifest is not None and self.manifest.saved_step == trainer.global_step
+        if self.save_to is not None and not finished and not saved_now:
+            trainer.save_checkpoint(self.save_to)
+            self.saved_step = int(trainer.global_step)
+            if self.manifest is not None:
+                reason = f"signal:{signal.Signals(self.stopped_by).name}"
+                self.manifest.write(trainer, self.save_to, reason=reason)
+        if self.manifest is not None:
+            log.warning(
+                "stopped after step %d; resume: %s", trainer.global_step, self.manifest.resume_command
             )
-        log.warning("stopped after step %d; resume: %s", trainer.global_step, self.manifest.resume_command)
         trainer.should_stop = True
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        if self.manifest is None:
+            return
         log.error(
             "%s at global step %d: no checkpoint written (a mid-step state cannot be resumed exactly); "
             "resuming continues from the last checkpoint (step %s)",
@@ -226,22 +287,33 @@ class InterruptCheckpoint(Checkpoint):
         self.latch.restore()
 
 
-# the name build_trainer uses; the behaviour is InterruptCheckpoint's
-ManifestOnExceptionCheckpoint = InterruptCheckpoint
-
-
 def latest_checkpoint(checkpoint_dir: str | os.PathLike) -> Path | None:
     """The checkpoint to resume from: the manifest's, else the newest ``*.ckpt``.
 
     A checkpoint is a file, or a directory under sharded strategies (FSDP2, DeepSpeed)."""
     checkpoint_dir = Path(checkpoint_dir)
-    manifest = checkpoint_dir / "manifest.yaml"
-    if manifest.exists():
-        path = manifest_checkpoint(
-            checkpoint_dir, yaml.safe_load(manifest.read_text()).get("latest_checkpoint", "")
-        )
+    named = _manifest_latest(checkpoint_dir / "manifest.yaml")
+    if named:
+        path = manifest_checkpoint(checkpoint_dir, named)
         if path.is_file() or path.is_dir():  # FSDP2 and DeepSpeed checkpoints are directories
             return path
         log.warning("manifest names %s, which is missing; using the newest checkpoint instead", path)
     candidates = sorted(checkpoint_dir.glob("*.ckpt"), key=lambda p: p.stat().st_mtime)
     return candidates[-1] if candidates else None
+
+
+def _manifest_latest(manifest: Path) -> str | None:
+    """The manifest's ``latest_checkpoint``; None when there is no manifest or it is broken (cut
+    short, hand-edited): then it is named in a warning, the newest intact checkpoint is used and the
+    next checkpoint writes the manifest anew."""
+    if not manifest.exists():
+        return None
+    try:
+        content = yaml.safe_load(manifest.read_text())
+    except (yaml.YAMLError, UnicodeDecodeError) as err:
+        log.warning("%s does not parse (%s); using the newest intact checkpoint", manifest, str(err)[:120])
+        return None
+    if not isinstance(content, dict):
+        log.warning("%s holds no mapping; using the newest intact checkpoint", manifest)
+        return None
+    return content.get("latest_checkpoint") or None

@@ -8,7 +8,8 @@ tool-routed, and one of them moved a family accuracy by 0.125. It routes with th
 average (``router.ema_decay``), as the validation rollouts, ``scripts/evaluate.py`` and
 ``scripts/infer.py`` do.
 
-Table: ``<rollouts>/val/routes_XXXXXXXX.parquet`` (XXXXXXXX the global step), one row per prompt:
+Table: ``<rollouts>/val/routes_XXXXXXXX.parquet`` (XXXXXXXX the step TensorBoard logs the validation
+at: ``src.callbacks.run_logs.logger_step``), one row per prompt:
 uid, weak label, the three route probabilities and the argmax route; written atomically by rank 0.
 Every rank reads the whole split, so a sharded actor's forward runs on all of them alike.
 """
@@ -24,9 +25,10 @@ import pandas as pd
 import torch
 
 from src.atomic_files import atomic_file
-from src.rollout.routing import ROUTE_NAMES, router_logits
-from src.router.context import record_context
+from src.callbacks.run_logs import logger_step
+from src.rollout.single_turn import ROUTE_NAMES, router_logits
 from src.router.families import ToolFamilies
+from src.router.routes import record_context
 from src.router.routing_eval import routing_scalars
 
 
@@ -52,7 +54,7 @@ class HeldOutRoutingLogger(pl.Callback):
         # the same values on every rank (each read the whole split): nothing to reduce
         pl_module.log_dict(routing_scalars(logits, labels, "val"), on_step=False, on_epoch=True, logger=True)
         if trainer.is_global_zero:
-            write_routes(self.out_dir / f"routes_{trainer.global_step:08d}.parquet", records, labels, logits)
+            write_routes(self.out_dir / f"routes_{logger_step(trainer):08d}.parquet", records, labels, logits)
 
 
 def held_out_records(trainer) -> list[dict]:

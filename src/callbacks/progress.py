@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 import time
 from collections.abc import Mapping
 
@@ -61,6 +62,13 @@ class StepProgressBar(TQDMProgressBar):
         super().__init__(*args, **kwargs)
         self._run_bar_open = False
         self.budget = budget
+        self._redraw_every = 1
+
+    def init_validation_tqdm(self):
+        """The validation's own bar only on a terminal: in a log file it adds lines, not news."""
+        bar = super().init_validation_tqdm()
+        bar.disable = bar.disable or not sys.stderr.isatty()
+        return bar
 
     def on_train_epoch_start(self, trainer, *_) -> None:
         if not (trainer.max_steps and trainer.max_steps > 0):
@@ -82,13 +90,19 @@ class StepProgressBar(TQDMProgressBar):
         bar.set_description("step")
         bar.refresh()
         self._run_bar_open = True
+        # Written to a file (``make train > log``), every redraw is a new piece of the log: redraw
+        # about 20 times a run there, every step on a terminal.
+        self._redraw_every = 1 if sys.stderr.isatty() else max(1, trainer.max_steps // 20)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if not (trainer.max_steps and trainer.max_steps > 0):
             return super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
-        self.train_progress_bar.n = trainer.global_step
+        step = trainer.global_step
+        if step % self._redraw_every and step < trainer.max_steps:
+            return
+        self.train_progress_bar.n = step
         postfix = router_postfix(trainer.callback_metrics, self.budget)
-        self.train_progress_bar.set_postfix(postfix or self.get_metrics(trainer, pl_module))
+        self.train_progress_bar.set_postfix(postfix or self.get_metrics(trainer, pl_module), refresh=False)
         self.train_progress_bar.refresh()
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:

@@ -1,5 +1,6 @@
 """Writes one parquet of rollouts per step: <run dir>/rollouts/step_XXXXXXXX.parquet, and one per
-validation: <run dir>/rollouts/val/rollouts_XXXXXXXX.parquet (XXXXXXXX the global step it followed).
+validation: <run dir>/rollouts/val/rollouts_XXXXXXXX.parquet (XXXXXXXX the index of the training
+step it followed, the step TensorBoard logs it at: ``src.callbacks.run_logs.logger_step``).
 
 The rollouts come from ``training_step``'s and ``validation_step``'s outputs (``outputs["rollout"]``),
 every rank's. Files are written atomically. A step's file is never overwritten: a resumed run first
@@ -18,6 +19,7 @@ import lightning.pytorch as pl
 import pandas as pd
 
 from src.atomic_files import atomic_file
+from src.callbacks.run_logs import logger_step
 from src.rollout.batch import generated_rows
 
 
@@ -60,7 +62,7 @@ class RolloutLogger(pl.Callback):
             return
         rows, self.val_rows = all_rank_rows(trainer, self.val_rows), []
         if trainer.is_global_zero and rows:
-            write_rows(self.out_dir / "val" / f"rollouts_{trainer.global_step:08d}.parquet", rows)
+            write_rows(self.out_dir / "val" / f"rollouts_{logger_step(trainer):08d}.parquet", rows)
 
 
 def all_rank_rows(trainer, rows: list[dict]) -> list[dict]:

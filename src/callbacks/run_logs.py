@@ -18,6 +18,7 @@ from pathlib import Path
 
 __all__ = [
     "existing_run_artefacts",
+    "logger_step",
     "remove_interrupted_writes",
     "truncate_event_file",
     "truncate_rollouts",
@@ -27,7 +28,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _ROLLOUT_FILE = re.compile(r"step_(\d+)\.parquet")
-# a validation's rollouts and held-out routes (rollouts/val/), named by the step it followed
+# a validation's rollouts and held-out routes (rollouts/val/), named by the logger step (``logger_step``)
 _VAL_FILE = re.compile(r"(?:rollouts|routes)_(\d+)\.parquet")
 # AtomicCheckpointIO's and atomic_file's (rollout logs) ".<name>.<random>.tmp", the manifest's "<name>.tmp"
 _TMP_GLOBS = ("*.tmp", ".*.tmp")
@@ -60,12 +61,21 @@ def existing_run_artefacts(run_dir: str | os.PathLike) -> list[Path]:
     return found
 
 
-def truncate_rollouts(rollout_dir: str | os.PathLike, keep_below: int) -> int:
-    """Delete ``step_XXXXXXXX.parquet`` files of steps >= ``keep_below`` and the validations' files
-    (``val/``) of steps > ``keep_below``. Returns how many.
+def logger_step(trainer) -> int:
+    """The step Lightning logs the current scalars at: during a training step its index (the
+    ``step`` of its rollout rows), during the validation that follows it the same index. A
+    validation's files (``rollouts/val/*_XXXXXXXX.parquet``) are named by it, so a file and its
+    TensorBoard points carry the same step."""
+    return int(trainer.fit_loop.epoch_loop._batches_that_stepped)
 
-    A checkpoint of step S is saved before the validation that follows step S, from the same
-    weights: a run resumed from it keeps that validation's files (rewritten if it runs it again)."""
+
+def truncate_rollouts(rollout_dir: str | os.PathLike, keep_below: int) -> int:
+    """Delete the ``step_XXXXXXXX.parquet`` files and the validations' files (``val/``) of steps
+    >= ``keep_below``. Returns how many.
+
+    A checkpoint after S steps (global step S) is saved before the validation that follows step
+    S - 1 (named S - 1), from the same weights: a run resumed from it keeps that validation's files
+    (rewritten if it runs it again)."""
     dropped = 0
     for path in sorted(Path(rollout_dir).glob("step_*.parquet")):
         match = _ROLLOUT_FILE.fullmatch(path.name)
@@ -74,7 +84,7 @@ def truncate_rollouts(rollout_dir: str | os.PathLike, keep_below: int) -> int:
             dropped += 1
     for path in sorted(Path(rollout_dir).glob("val/*.parquet")):
         match = _VAL_FILE.fullmatch(path.name)
-        if match and int(match.group(1)) > keep_below:
+        if match and int(match.group(1)) >= keep_below:
             path.unlink()
             dropped += 1
     return dropped

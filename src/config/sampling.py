@@ -14,7 +14,13 @@ from typing import List, Optional
 class SamplingParams:
     """temperature 0 = greedy. ``n_prompts`` prompts (or env seeds) per step, each sampled
     ``n_generations_per_prompt`` times (the GRPO group size). ``stop``: extra stop tokens (strings,
-    each one token of the vocabulary) besides the tokenizer's end-of-sequence."""
+    each one token of the vocabulary) besides the tokenizer's end-of-sequence.
+
+    Also what a rollout engine's ``generate`` takes: ``n`` (= ``n_generations_per_prompt``)
+    completions per prompt; ``stop_token_ids``: the stop tokens as ids (``stop`` resolved by
+    ``src.rollout.factory.engine_sampling``; not a config key). ``min_new_tokens`` > 0 forbids the
+    stop tokens before that many tokens (benchmarks ask for exactly T new tokens with
+    ``min_new_tokens = max_new_tokens``)."""
 
     temperature: float = 1.0
     top_p: float = 1.0
@@ -23,6 +29,12 @@ class SamplingParams:
     max_new_tokens: int = 64
     min_new_tokens: int = 0  # > 0: no stop token before this many (benchmarks: = max_new_tokens)
     stop: List[str] = field(default_factory=list)
+    stop_token_ids: List[int] = field(default_factory=list, metadata={"omegaconf_ignore": True})
+
+    @property
+    def n(self) -> int:
+        """Completions per prompt of one ``generate`` call: ``n_generations_per_prompt``."""
+        return self.n_generations_per_prompt
 
 
 @dataclass
@@ -36,6 +48,7 @@ class SamplingOverride:
     max_new_tokens: Optional[int] = None
     min_new_tokens: Optional[int] = None
     stop: Optional[List[str]] = None
+    stop_token_ids: Optional[List[int]] = field(default=None, metadata={"omegaconf_ignore": True})
 
 
 def _greedy_eval() -> SamplingOverride:

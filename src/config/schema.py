@@ -1,9 +1,19 @@
-"""Structured configs the LightningModule takes (validated by Hydra's structured configs)."""
+"""The settings dataclasses of the job config, each declared once: what the components take
+(the loss and its optimizer, the router head and its λ, the reward variants, the tiny model's
+shape, dynamic sampling) and the fixed-shape groups built from them (model, algorithm, rollout,
+router, trainer, sft).
+
+Each group is the structured config of its group in ``configs/<group>/*.yaml``: a key a schema does
+not declare, or a value of the wrong type, fails when the config is composed, naming the key. The
+components take these dataclasses themselves (``src.rewards`` the ``RewardConfig``,
+``src.models.tiny`` the ``TinyModelSpec``): nothing is mirrored. They are mutable, as Hydra's
+structured configs need (a frozen dataclass composes to a read-only node).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Dict, List, Optional
 
 
 @dataclass
@@ -12,7 +22,7 @@ class RlvcrSettings:
     ``src.rollout.rlvcr.augment``, takes the algorithm config itself: nothing is copied).
 
     step_advantage_w, thinking_cost_alpha, cost_max, rlvcr_mode: the formula's w, alpha, cost_max
-        and how a level's context is scored (``src.algorithms.rlvcr_advantage``).
+        and how a level's context is scored (``src.algorithms.rlvcr``).
     rlvcr_qualify: which episodes get the thinking advantage: ``threshold`` (reward >
         rlvcr_qualify_threshold), ``group_mean`` (reward >= its uid group's mean: the better half;
         a group of equal rewards qualifies whole), ``all``.
@@ -63,7 +73,7 @@ class AlgorithmConfig(RlvcrSettings):
     # rollout: the engine's own sampling log-probs (rb.rollout_log_probs), no extra pass
     old_log_prob_source: str = "recompute"
     # truncated importance sampling of the policy loss by min(pi_train / pi_rollout, cap) against the
-    # engine's sampling log-probs (src/algorithms/rollout_correction.py): token | sequence | null (off)
+    # engine's sampling log-probs (src/algorithms/losses.py): token | sequence | null (off)
     rollout_is: str | None = None
     rollout_is_cap: float = 2.0
     # sampling temperature of rows without their own (RolloutBatch.temperatures); null = filled by
@@ -95,7 +105,7 @@ class RouterHeadConfig:
     enable: bool = False
     # last | mean | tail (mean over the last tail_tokens prompt tokens) | sif (the tail's tokens
     # weighted by sif_a / (sif_a + p(token)), p their frequency in the training prompts' tails, and
-    # the pooled vectors' common direction removed: src.router.sif; fitted before the first step)
+    # the pooled vectors' common direction removed: src.router.head; fitted before the first step)
     pooling: str = "last"
     tail_tokens: int = 32
     sif_a: float = 0.03
@@ -117,7 +127,7 @@ class RouterHeadConfig:
     # λ moves the live head's answer/tool boundary step to step; the average reads through it
     ema_decay: float = 0.0
     detach_backbone: bool = True
-    separate_optimizer: bool = True
+    separate_optimizer: bool = True  # single-process runs; multi-process strategies train one optimizer
     lr: float = 1e-3
     entropy_coef: float = 0.01
     # a router sampled at high entropy keeps paying for exploration at the end of the run: the
@@ -135,7 +145,7 @@ class RouterHeadConfig:
 @dataclass
 class DualSettings:
     """λ's update (the ``router`` group's λ keys; ``RouterConfig`` is one): every ``lambda_every_k``
-    steps, the controller ``lambda_update`` (``src.algorithms.dual_update.DUAL_UPDATES``:
+    steps, the controller ``lambda_update`` (``src.algorithms.lagrange.DUAL_UPDATES``:
     ``gradient`` = dual ascent with rate ``lambda_lr``; ``pid`` adds ``lambda_kp`` / ``lambda_kd``
     terms on an EMA of the cost with decay ``lambda_cost_ema``; Stooke et al. 2020) on the mean cost
     of the window against ``budget``; λ clipped at ``lambda_max`` (None: no cap)."""
@@ -148,3 +158,159 @@ class DualSettings:
     lambda_kp: float = 0.0
     lambda_kd: float = 0.0
     lambda_cost_ema: float = 0.0  # decay of the cost average the P and D terms read
+
+
+# ---------------------------------------------------------------------------- reward
+@dataclass
+class RewardConfig:
+    """ToolRL's reward variants as booleans (all off by default).
+
+    with_length         WITHLENGTH: add the <think>/analysis word-count reward (0..1).
+    schedule_length     SCHEDULELENGTH: the length target grows from 384 to 640 words over steps.
+    correct_max1        CORRECTMAX1: correctness in [-1, 1] instead of [-3, 3].
+    max1_step30_max3    MAX1STEP30MAX3: correctness range /3 before step 30; format range /2 from step 30.
+    schedule_reward     SCHEDULEREWARD: ranges interpolate with the step (format from [-2, 2], correctness from [-2, 2]).
+    refined             REFINEDREWARD: name/key lists must match exactly (no partial credit).
+    coarse              COARSEREWARD: any difference from the ground-truth calls gets the minimum.
+    intermediate        INTERMEDIATEREWARD: a call counts only when it matches a ground-truth call exactly.
+    """
+
+    with_length: bool = False
+    schedule_length: bool = False
+    correct_max1: bool = False
+    max1_step30_max3: bool = False
+    schedule_reward: bool = False
+    refined: bool = False
+    coarse: bool = False
+    intermediate: bool = False
+
+
+# ---------------------------------------------------------------------------- model
+@dataclass
+class TinyModelSpec:
+    """Shape of the embedded default model (a Qwen2 config)."""
+
+    vocab_size: int = 4096
+    hidden_size: int = 128
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    intermediate_size: int = 256
+    max_position_embeddings: int = 2048
+    seed: int = 0
+    corpus_rows: int = 2000
+
+
+@dataclass
+class LoraSettings:
+    """The ``model.lora`` node: peft LoRA adapters on the actor (``src.models.loading.load_causal_lm``)."""
+
+    enable: bool = False
+    r: int = 8
+    alpha: int = 16
+    dropout: float = 0.0
+    target_modules: List[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+
+
+@dataclass
+class ModelConfig:
+    path: str = "tiny"  # "tiny" (the embedded default) or a local Hugging Face model directory
+    dtype: str = "float32"
+    gradient_checkpointing: bool = False
+    warm_start: Optional[str] = None  # null | sft | rlvcr_sft
+    tiny: TinyModelSpec = field(default_factory=TinyModelSpec)
+    lora: LoraSettings = field(default_factory=LoraSettings)
+
+
+# ---------------------------------------------------------------------------- algorithm
+@dataclass
+class DynamicSamplingConfig:
+    """``algorithm.dynamic_sampling``: DAPO's dead-group filter and refill (``src.rollout.dynamic_refill``).
+
+    A GRPO group whose rollouts all earn the same reward carries no advantage. With ``enable`` the
+    step drops such groups and refills the batch from further seeded draws of training prompts, at
+    most ``max_extra_batches`` extra collect calls of ``n_prompts`` prompts each (the bound on extra
+    generation); the batch keeps ``n_prompts`` groups, padded with dead ones when the bound is hit.
+    Off by default (measurements: docs/benchmarks.md).
+    """
+
+    enable: bool = False
+    # which reward must vary for a group to be kept: the actor's, the router's r_router, or either
+    on: str = "either"
+    max_extra_batches: int = 2  # extra collect calls per step, each of n_prompts fresh prompts
+    eps: float = 1e-6  # a group is dead when max - min of its rewards <= eps
+
+
+@dataclass
+class AlgorithmGroupConfig(AlgorithmConfig):
+    """The ``algorithm`` group: the loss settings (RLVCR's included) and their optimizer."""
+
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
+
+
+# ---------------------------------------------------------------------------- rollout
+@dataclass
+class RolloutConfig:
+    """``engine`` names one of ``engines``; each engine node is built with Hydra ``instantiate``
+    (its ``_target_`` plus the module, tokenizer, model path and ``micro_batch_size``)."""
+
+    engine: str = "hf"
+    micro_batch_size: int = 64  # prompts x samples per generate call (HF engine)
+    engines: Dict[str, Any] = field(default_factory=dict)
+    workers: int = 0  # > 0: that many Ray rollout workers feed the replay buffer asynchronously
+    weight_sync_every: int = 1  # steps between weight pushes to the workers
+    ray_address: Optional[str] = None  # join a running Ray cluster; None starts a local one
+
+
+# ---------------------------------------------------------------------------- router
+@dataclass
+class RouterConfig(RouterHeadConfig, DualSettings):
+    """The ``router`` group: the head (``RouterHeadConfig``), route sampling, cost and the budget's λ
+    (``DualSettings``: the module takes this config as its λ settings, nothing copied)."""
+
+    sample: bool = True
+    prompt_mode: str = "emphasis"  # emphasis | only_family
+    actor_reward: str = "task"  # task | router
+    cost: str = "any_tool"  # any_tool | per_family | per_call
+    cost_weights: Dict[str, float] = field(default_factory=dict)
+    families_sidecar: Optional[str] = None
+
+
+# ---------------------------------------------------------------------------- trainer / sft
+@dataclass
+class TrainerConfig:
+    max_steps: int = 20
+    save_freq: int = 10  # checkpoint every N global steps (and on exception / Ctrl-C)
+    accelerator: str = "cpu"
+    devices: int = 1
+    num_nodes: int = 1
+    strategy: str = "auto"  # a key of ``strategies``, or a name Lightning knows (auto, ddp_spawn, ...)
+    # name -> a node built with Hydra ``instantiate`` (``_target_`` plus grad_clip and world);
+    # ddp | fsdp | deepspeed_stage_2 | deepspeed_stage_3 in configs/train.yaml (src/jobs/strategies.py)
+    strategies: Dict[str, Any] = field(default_factory=dict)
+    precision: str = "32-true"
+    log_every_n_steps: int = 1
+    val_check_interval: Optional[int] = None  # validate every N steps (with limit_val_batches > 0)
+    limit_val_batches: int = 0
+    # CPU threads per process (torch.set_num_threads at start). 1: bit-reproducible runs and exact
+    # resume (at 2+ threads two runs of one command differ in the last bits); null: torch's default
+    threads: Optional[int] = 1
+
+
+@dataclass
+class SftConfig:
+    """Supervised fine-tuning (``experiment=sft`` and the cached warm starts)."""
+
+    max_steps: int = 300
+    batch_size: int = 16
+    lr: float = 2.0e-3
+    max_length: int = 768
+    route_augment: bool = False
+    lr_decay: bool = False
+    log_every: int = 25  # log "SFT step i/N loss ETA" every N steps
+    # the seed of the SFT's data order (and scripted episodes); None: the run's ``seed``. A fixed
+    # value shares one cached warm start between runs, so ``seed=N`` then varies the RL only
+    seed: Optional[int] = None
+    episodes: int = 96  # rlvcr_sft: scripted episodes recorded
+    episode_workers: int = 2

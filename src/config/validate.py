@@ -1,26 +1,77 @@
 """``validate(cfg)``: the checks a composed job config must pass before anything is built.
 
-Types and key names are the schemas' job (``src.config.job``); this adds what crosses groups and
-what a type cannot say (ranges, sizes, files, lengths vs the model's positions, optional extras).
-Every problem is collected and one ``ConfigError`` lists them all, each naming its key.
+Types and key names are the schemas' job (``src.config.job``); these add what crosses groups and what
+a type cannot say (ranges, sizes, files, lengths vs the model's positions, finite numbers, lessons).
+Each check returns ``"<key>: <problem>"`` lines; one ``ConfigError`` lists them all. The names a
+component registry defines are checked by ``src.jobs.checks.validate_job`` (config imports none).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import math
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from src.config.checks import file_list, in_range, one_of, positive, unknown_keys
-from src.config.dynamic_sampling import dynamic_sampling_problems
-from src.config.errors import ConfigError
-from src.config.validate_async import curriculum_problems, replay_problems
-from src.config.validate_values import value_problems
+from src.config.job import file_list
 
 
+class ConfigError(ValueError):
+    """A job config that cannot run. ``problems`` lists ``"<key>: <what is wrong>"`` lines."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = list(problems)
+        lines = "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(f"{len(self.problems)} problem(s) in the job config:\n{lines}")
+
+
+# ---------------------------------------------------------------------------- the checks' vocabulary
+def unknown_keys(node: Any, prefix: str = "") -> list[str]:
+    """Keys a typed node's schema does not declare (``+key=`` overrides slip past composition)."""
+    if not isinstance(node, DictConfig) or node._is_none() or node._is_missing():
+        return []
+    schema = OmegaConf.get_type(node)
+    declared = {f.name for f in dataclasses.fields(schema)} if dataclasses.is_dataclass(schema) else None
+    problems = []
+    for key in node:
+        full = f"{prefix}{key}"
+        if declared is not None and key not in declared:
+            problems.append(f"{full}: unknown key (not in {schema.__name__}: {sorted(declared)})")
+            continue
+        problems += unknown_keys(node._get_node(key), f"{full}.")
+    return problems
+
+
+def positive(values: dict[str, Any], strict: bool = True) -> list[str]:
+    """Each ``key -> number`` must be > 0 (``strict``) or >= 0."""
+    bad = []
+    for key, v in values.items():
+        if v is None or not isinstance(v, (int, float)) or math.isnan(v) or (v <= 0 if strict else v < 0):
+            bad.append(f"{key}: must be {'> 0' if strict else '>= 0'}, got {v!r}")
+    return bad
+
+
+def in_range(key: str, v: Any, low: float, high: float, low_open: bool = False, high_open: bool = False):
+    """``key``'s value in [low, high] (ends open when asked)."""
+    ok = isinstance(v, (int, float)) and not math.isnan(v)
+    ok = ok and (v > low if low_open else v >= low) and (v < high if high_open else v <= high)
+    if ok:
+        return []
+    lo, hi = "(" if low_open else "[", ")" if high_open else "]"
+    return [f"{key}: must be in {lo}{low}, {high}{hi}, got {v!r}"]
+
+
+def one_of(key: str, v: Any, choices: Iterable[Any]) -> list[str]:
+    choices = list(choices)
+    return [] if v in choices else [f"{key}: {v!r} is not one of {choices}"]
+
+
+# ---------------------------------------------------------------------------- per group
 def validate(cfg: DictConfig) -> None:
     """Raise ``ConfigError`` listing every problem of ``cfg`` (a composed, typed job config)."""
     problems = unknown_keys(cfg)
@@ -165,7 +216,7 @@ def _router(cfg: DictConfig) -> list[str]:
     problems += positive({"router.entropy_decay_steps": r.entropy_decay_steps}, strict=False)
     if r.entropy_coef_final is not None:
         problems += positive({"router.entropy_coef_final": r.entropy_coef_final}, strict=False)
-    # the upper bound is the cost's own (src/jobs/checks.py asks src/router/cost.py)
+    # the upper bound is the cost's own (src/jobs/checks.py asks src/router/usage.py)
     problems += in_range("router.budget", r.budget, 0.0, math.inf)
     problems += positive({"router.lambda_init": r.lambda_init}, strict=False)
     if r.lambda_max is not None and r.lambda_max < r.lambda_init:
@@ -238,9 +289,8 @@ def _trainer(cfg: DictConfig) -> list[str]:
         {"trainer.save_freq": t.save_freq, "trainer.devices": t.devices, "trainer.num_nodes": t.num_nodes}
     )
     problems += positive({"trainer.log_every_n_steps": t.log_every_n_steps})
-    problems += positive(
-        {"trainer.max_steps": t.max_steps, "trainer.limit_val_batches": t.limit_val_batches}, strict=False
-    )
+    problems += positive({"trainer.max_steps": t.max_steps})  # 0 would do nothing and exit 0
+    problems += positive({"trainer.limit_val_batches": t.limit_val_batches}, strict=False)
     if t.val_check_interval is not None:
         problems += positive({"trainer.val_check_interval": t.val_check_interval})
     return problems
@@ -262,7 +312,7 @@ def model_config_value(cfg: DictConfig, key: str) -> tuple[int | None, str]:
         return None, str(config_json)
     try:
         value = json.loads(config_json.read_text()).get(key)
-    except (ValueError, AttributeError):  # not a JSON object: named by validate_values.model_config
+    except (ValueError, AttributeError):  # not a JSON object: named by model_config
         return None, str(config_json)
     return (int(value) if value is not None else None), f"{config_json} {key}"
 
@@ -284,3 +334,264 @@ def _lengths(cfg: DictConfig) -> list[str]:
     elif cfg.env.enable and cfg.env.token_budget > limit:
         return [f"env.token_budget={cfg.env.token_budget} exceeds the model's {limit} positions ({source})"]
     return []
+
+
+# ---------------------------------------------------------------------------- values of any group
+# keys of the episode environments' own limits: each must be > 0 where the environment has it
+ENV_POSITIVE = (
+    "rounds",
+    "simulations",
+    "max_steps",
+    "command_timeout_s",
+    "eval_timeout_s",
+    "max_output_chars",
+    "memory_mb",
+    "file_size_mb",
+    "max_processes",
+    "workspace_mb",
+)
+CONFINEMENTS = ("auto", "bwrap", "unshare")
+
+
+def value_problems(cfg: DictConfig) -> list[str]:
+    """Every problem found by the value checks below (none needs to know a component)."""
+    return non_finite(cfg) + env_limits(cfg) + synthetic_proportions(cfg) + model_config(cfg) + threads(cfg)
+
+
+def threads(cfg: DictConfig) -> list[str]:
+    t = cfg.trainer.get("threads")
+    return [] if t is None else positive({"trainer.threads": t})
+
+
+def _schema_default(node: Any, key: Any) -> Any:
+    """The default the node's structured schema gives ``key`` (None when untyped or no default)."""
+    schema = OmegaConf.get_type(node) if isinstance(node, DictConfig) else None
+    if not dataclasses.is_dataclass(schema):
+        return None
+    field = {f.name: f for f in dataclasses.fields(schema)}.get(str(key))
+    return None if field is None or field.default is dataclasses.MISSING else field.default
+
+
+def _leaves(node: Any, prefix: str):
+    """(key, value, schema default) of every leaf under ``node``; unresolvable interpolations skipped."""
+    keys = range(len(node)) if isinstance(node, ListConfig) else list(node.keys())
+    for key in keys:
+        full = f"{prefix}[{key}]" if isinstance(node, ListConfig) else f"{prefix}{'.' if prefix else ''}{key}"
+        try:
+            value = node[key]
+        except Exception:  # noqa: BLE001 - e.g. ${hydra:...} outside a Hydra run: not a number
+            continue
+        if isinstance(value, (DictConfig, ListConfig)):
+            yield from _leaves(value, full)
+        else:
+            yield full, value, _schema_default(node, key)
+
+
+def non_finite(cfg: DictConfig) -> list[str]:
+    """Every float anywhere in ``cfg`` must be finite (inf / nan pass most range checks silently).
+
+    A key whose schema default is itself infinite (a threshold meaning "never") may be +-inf; nan
+    never passes.
+    """
+    problems = []
+    for key, value, default in _leaves(cfg, ""):
+        if not isinstance(value, float) or math.isfinite(value):
+            continue
+        unbounded = isinstance(default, float) and math.isinf(default)
+        if math.isnan(value) or not unbounded:
+            problems.append(f"{key}: must be a finite number, got {value!r}")
+    return problems
+
+
+def env_limits(cfg: DictConfig) -> list[str]:
+    """An enabled episode environment's limits are > 0 and its confinement is a known tool."""
+    e = cfg.get("env")
+    if e is None or not e.get("enable", False):
+        return []
+    present = {f"env.{k}": e[k] for k in ENV_POSITIVE if k in e and e[k] is not None}
+    problems = positive(present)
+    if "confinement" in e:
+        problems += one_of("env.confinement", e.confinement, CONFINEMENTS)
+    return problems
+
+
+def synthetic_proportions(cfg: DictConfig) -> list[str]:
+    d = cfg.get("data")
+    if d is None or d.get("kind") != "synthetic":
+        return []
+    s = d.synthetic
+    probs = {k: s[k] for k in ("p_search", "p_calculate", "p_answer")}
+    numbers = [v for v in probs.values() if isinstance(v, (int, float)) and math.isfinite(v)]
+    if len(numbers) == len(probs) and sum(numbers) <= 0:
+        keys = ", ".join(f"data.synthetic.{k}" for k in probs)
+        return [f"{keys}: all zero; at least one kind of row must have a positive proportion"]
+    return []
+
+
+def model_config(cfg: DictConfig) -> list[str]:
+    """A model directory's ``config.json`` must be a JSON object (the problem names the file)."""
+    path = cfg.model.path
+    if path in (None, "", "tiny"):
+        return []
+    config = Path(str(path)).expanduser() / "config.json"
+    if not config.is_file():
+        return []  # the lengths check names a missing config.json
+    try:
+        parsed = json.loads(config.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        return [f"model.path: {config} is not valid JSON ({err})"]
+    if not isinstance(parsed, dict):
+        return [f"model.path: {config} holds {type(parsed).__name__}, not a JSON object"]
+    return []
+
+
+# ---------------------------------------------------------------------------- replay, workers, curriculum
+LESSON_SOURCES = ("synthetic", "synthetic_multi", "files")
+
+
+def replay_problems(cfg: DictConfig) -> list[str]:
+    r, w = cfg.replay, cfg.rollout.workers
+    problems = positive(
+        {
+            "replay.capacity": r.capacity,
+            "replay.alpha": r.alpha,
+            "replay.max_batch_latency": r.max_batch_latency,
+        },
+        strict=False,
+    )
+    problems += positive({"replay.max_samples_per_rollout": r.max_samples_per_rollout})
+    problems += positive({"rollout.workers": w}, strict=False) + positive(
+        {"rollout.weight_sync_every": cfg.rollout.weight_sync_every}
+    )
+    if (r.capacity > 0 or w > 0) and cfg.router.enable:
+        problems.append(
+            "replay.capacity / rollout.workers: the replay buffer serves the actor only; set router=off"
+        )
+    if (r.capacity > 0 or w > 0) and cfg.env.enable:
+        problems.append("replay.capacity / rollout.workers: single-turn data only (env.enable is true)")
+    if w > 0 and r.capacity <= 0:
+        problems.append(
+            "rollout.workers > 0 needs replay.capacity > 0: workers produce into the replay buffer"
+        )
+    if r.capacity > 0 and cfg.algorithm.old_log_prob_source != "rollout":
+        problems.append(
+            "replay.capacity > 0 needs algorithm.old_log_prob_source=rollout: replayed samples are "
+            "off-policy, so the ratio is taken against the log-probs they were sampled with"
+        )
+    if w > 0 and importlib.util.find_spec("ray") is None:
+        problems.append('rollout.workers > 0: Ray is not installed; pip install -e ".[async]"')
+    return problems
+
+
+def curriculum_problems(cfg: DictConfig) -> list[str]:
+    c = cfg.curriculum
+    if not c.enable:
+        return []
+    if not c.lessons:
+        return ["curriculum.enable: true but curriculum.lessons is empty"]
+    problems = positive(
+        {"curriculum.eval_frequency": c.eval_frequency, "curriculum.eval_prompts": c.eval_prompts}
+    )
+    for lid, lesson in c.lessons.items():
+        problems += one_of(f"curriculum.lessons.{lid}.source", lesson.source, LESSON_SOURCES)
+        if lesson.source == "files" and not (lesson.train_files and lesson.eval_files):
+            problems.append(f"curriculum.lessons.{lid}: source=files needs train_files and eval_files")
+        problems += positive({f"curriculum.lessons.{lid}.weight": lesson.weight})
+    if cfg.replay.capacity > 0 or cfg.env.enable:
+        problems.append("curriculum.enable: single-turn, on-policy jobs only (replay.capacity 0, env off)")
+    try:
+        validate_lessons(c.lessons)
+    except ConfigError as err:
+        problems += err.problems
+    return problems
+
+
+def _dependency_ids(lesson: Any) -> list[str]:
+    deps = (
+        lesson.get("dependencies") if isinstance(lesson, Mapping) else getattr(lesson, "dependencies", None)
+    )
+    ids = []
+    for dep in deps or []:
+        if isinstance(dep, str):
+            ids.append(dep)
+        elif isinstance(dep, Mapping):
+            ids.append(str(dep["dependency_id"]))
+        else:
+            ids.append(str(dep.dependency_id))
+    return ids
+
+
+def _find_cycle(graph: dict[str, list[str]]) -> list[str] | None:
+    """One dependency cycle as ``[a, b, ..., a]``, or None (depth-first, deterministic order)."""
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        state[node] = 1
+        for nxt in graph[node]:
+            if state.get(nxt) == 1:
+                return path[path.index(nxt) :] + [nxt]
+            if nxt not in state:
+                found = visit(nxt, path + [nxt])
+                if found:
+                    return found
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state:
+            found = visit(start, [start])
+            if found:
+                return found
+    return None
+
+
+def validate_lessons(lessons: Mapping[str, Any], key: str = "curriculum.lessons") -> None:
+    """Raise ``ConfigError`` naming unknown dependency ids and a dependency cycle, if any. ``lessons``:
+    ``{lesson_id: lesson}``, each with ``dependencies`` (lesson ids, or mappings/objects with a
+    ``dependency_id``)."""
+    graph = {str(lid): _dependency_ids(lesson) for lid, lesson in lessons.items()}
+    problems = [
+        f"{key}.{lid}.dependencies: unknown lesson {dep!r} (known: {sorted(graph)})"
+        for lid, deps in graph.items()
+        for dep in deps
+        if dep not in graph
+    ]
+    if problems:
+        raise ConfigError(problems)
+    cycle = _find_cycle(graph)
+    if cycle:
+        raise ConfigError([f"{key}: dependency cycle " + " -> ".join(cycle)])
+
+
+# ---------------------------------------------------------------------------- dynamic sampling
+ON_CHOICES = ("actor", "router", "either")
+SHARDED = ("fsdp", "deepspeed_stage_3")
+
+
+def dynamic_sampling_problems(cfg: DictConfig) -> list[str]:
+    """Start-up checks of ``algorithm.dynamic_sampling`` (each line names its key)."""
+    d, key = cfg.algorithm.dynamic_sampling, "algorithm.dynamic_sampling"
+    if not d.enable:
+        return []
+    problems = one_of(f"{key}.on", d.on, ON_CHOICES)
+    problems += positive({f"{key}.max_extra_batches": d.max_extra_batches}, strict=False)
+    problems += positive({f"{key}.eps": d.eps})
+    if d.on == "router" and not cfg.router.enable:
+        problems.append(f"{key}.on: 'router' needs router.enable (router=on)")
+    if cfg.sampling.n_generations_per_prompt < 2:
+        problems.append(
+            f"{key}.enable: groups of one rollout never vary (sampling.n_generations_per_prompt < 2)"
+        )
+    if cfg.env.enable or cfg.curriculum.enable or cfg.replay.capacity > 0 or cfg.rollout.workers > 0:
+        problems.append(
+            f"{key}.enable: single-turn, on-policy jobs from the data group's prompts only "
+            "(env off, curriculum off, replay.capacity 0, rollout.workers 0)"
+        )
+    world = world_size(cfg)
+    if world > 1 and cfg.trainer.strategy in SHARDED:
+        # each rank refills on its own: a generate that gathers sharded weights would wait on ranks
+        # that collect fewer refills
+        problems.append(
+            f"{key}.enable: not with a sharded trainer.strategy ({cfg.trainer.strategy}) on {world} ranks"
+        )
+    return problems

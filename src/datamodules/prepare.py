@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from src.atomic_files import atomic_file, discard_if_broken, parquet_intact
-from src.config.checks import file_list
+from src.config.job import file_list
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +136,7 @@ def seeds_datamodule(
     """Environment seeds (``data=seeds``): ``batch_size`` seeds per rank; ``seed`` null = the job's.
 
     ``group``: the ``data`` group's keys (``SeedsData``), as Hydra's ``_target_`` call passes them."""
-    from src.datamodules.seeds import SeedDataModule
+    from src.datamodules.rlla_datamodule import SeedDataModule
 
     del tokenizer, val_batch_size, cache_dir  # seeds are drawn, not read or tokenised
     d = SeedsData(**group)

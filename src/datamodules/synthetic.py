@@ -19,6 +19,11 @@ text (``synthetic_text.request_class``), so no extra columns are needed.
 
 The prompt is a shortened version of ToolRL's RLLA system prompt (Apache-2.0): same sections in
 the same order, fewer words, so it fits a tiny model's context.
+
+Two-call rows (``generate_multi_call_rows``, the curriculum's harder lesson): each row joins two
+single-call requests of the synthetic catalogue ("... Also, ..."); its ground truth is one
+``<tool_call>`` block with both calls, one JSON object per line, as in RLLA's multi-call rows. Same
+arrow schema as the single-call rows.
 """
 
 from __future__ import annotations
@@ -48,6 +53,8 @@ __all__ = [
     "ground_truth_family",
     "is_vague_request",
     "write_synthetic_rlla",
+    "generate_multi_call_rows",
+    "write_multi_call_rlla",
 ]
 
 FAMILIES = ("search", "calculate", "other")
@@ -171,7 +178,7 @@ def _exact_maker(tool: str):
     return make
 
 
-# tool name -> exact-request maker (training templates), for the two-call rows of synthetic_multi
+# tool name -> exact-request maker (training templates), for the two-call rows below
 _REQUESTS = {t.name: _exact_maker(t.name) for t in _TOOL_LIST if t.family in ("search", "calculate")}
 
 # Short reasoning keeps generations short (the tiny model samples every token on CPU).
@@ -401,3 +408,62 @@ def ground_truth_family(ground_truth: str) -> str:
         name = json.loads(line).get("name")
         families.add(TOOLS[name].family if name in TOOLS else "unknown")
     return families.pop() if len(families) == 1 else "mixed"
+
+
+# ---------------------------------------------------------------------------- two-call rows
+MULTI_THINK = "The user asks for two things, so I will call {a} and {b} with the details from the request."
+
+
+def _two_call_row(rng: random.Random, index: int, split: str, data_source: str) -> dict:
+    names = rng.sample(sorted(_REQUESTS), 2)
+    asks, calls = [], []
+    for name in names:
+        text, params = _REQUESTS[name](rng)
+        asks.append(text)
+        calls.append(json.dumps({"name": name, "parameters": params}))
+    tools = [TOOLS[n] for n in names]
+    extra = [t for t in _TOOL_LIST if t.name not in names]
+    if extra:
+        tools.append(rng.choice(extra))
+    rng.shuffle(tools)
+    text = f"{asks[0]} Also, {asks[1][0].lower()}{asks[1][1:]}"
+    think = MULTI_THINK.format(a=names[0], b=names[1])
+    ground_truth = f"<think> {think} </think>\n<tool_call>\n" + "\n".join(calls) + "\n</tool_call>"
+    system, user = build_system_prompt(tools), build_user_turn(text)
+    return {
+        "data_source": data_source,
+        "prompt": [{"content": system, "role": "system"}, {"content": user, "role": "user"}],
+        "ability": "math",
+        "reward_model": {"ground_truth": ground_truth, "style": "rule"},
+        "extra_info": {
+            "index": index,
+            "input": user,
+            "instruction": system,
+            "output": ground_truth,
+            "split": split,
+        },
+    }
+
+
+def generate_multi_call_rows(
+    n: int, seed: int, split: str = "train", start_index: int = 0, data_source: str = "rlla"
+) -> pd.DataFrame:
+    """``n`` two-call rows, deterministic in ``seed``; ``extra_info.index`` from ``start_index``."""
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    rng = random.Random(seed)
+    rows = [_two_call_row(rng, start_index + i, split, data_source) for i in range(n)]
+    return pd.DataFrame(rows, columns=list(RLLA_ARROW_SCHEMA.names))
+
+
+def write_multi_call_rlla(
+    out_dir: str | Path, n_train: int, n_test: int, seed: int = 0, start_index: int = 0
+):
+    """``train.parquet`` / ``test.parquet`` of two-call rows; uids start at ``start_index``."""
+    train = generate_multi_call_rows(n_train, seed, "train", start_index)
+    test = generate_multi_call_rows(n_test, seed + 1, "test", start_index + n_train)
+    out = Path(out_dir)
+    return {
+        "train": write_rlla_parquet(train, out / "train.parquet"),
+        "test": write_rlla_parquet(test, out / "test.parquet"),
+    }

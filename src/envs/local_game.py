@@ -37,8 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import src.envs.workspace_cap as workspace_cap
 import src.envs.games as games  # noqa: PLR0402 - the import-graph test reads `from src.envs import` as importing the package
+import src.envs.workspace_cap as workspace_cap
 from src.envs.base import EXIT_AUTOSUBMITTED, EXIT_EVALUATION_ERROR, EXIT_FORFEIT, EXIT_SUBMITTED
 from src.envs.game_scoring import (
     ScoreRejected,
@@ -47,9 +47,15 @@ from src.envs.game_scoring import (
     partner_streams,
     score_interactively,
 )
-from src.envs.sandbox import SandboxConfig, resolve_backend, run_command, run_session, sandbox_python
+from src.envs.sandbox import (
+    SandboxConfig,
+    resolve_backend,
+    run_command,
+    run_session,
+    sandbox_python,
+    truncate_middle,
+)
 from src.envs.sandbox_backends import CHOICES as CONFINEMENT_CHOICES
-from src.envs.sandbox_output import truncate_middle
 
 logger = logging.getLogger(__name__)
 

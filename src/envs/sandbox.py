@@ -1,7 +1,7 @@
 """Run an agent's shell command, or the agent's code, inside a confinement tool.
 
 The boundary (built by bubblewrap or by util-linux ``unshare``; ``SandboxConfig.confinement``
-picks one, ``auto`` prefers bwrap; see ``sandbox_backends`` and ``sandbox_mounts``):
+picks one, ``auto`` prefers bwrap; the mount plan and both tools' argv are in ``sandbox_backends``):
 
 * file system: only the episode's workspace is writable. Readable, read-only: ``/usr`` and the
   ``/bin``/``/lib*`` links, the dynamic linker's config, ``/etc/alternatives``, and the Python
@@ -11,15 +11,16 @@ picks one, ``auto`` prefers bwrap; see ``sandbox_backends`` and ``sandbox_mounts
 * no privileges: as root, the command runs as an unprivileged uid of its own (derived from the
   workspace path), with every capability dropped and ``no_new_privs``.
 * memory: ``memory_mb`` caps the whole process tree: a memory cgroup of its own where the host
-  offers one (``sandbox_cgroup``), else per-process address-space and process caps whose
-  product stays within it.
+  offers one (``sandbox_backends.memory_cgroup``), else per-process address-space and process caps
+  whose product stays within it.
 * limits per process: processes of that uid (``max_processes``), file size (``file_size_mb``),
   CPU seconds (``cpu_time_s``), no core files.
 * lifetime: a PID namespace; when the command ends or times out the namespace's init dies and
   the kernel kills every descendant, including ones that called ``setsid``. The runner waits for
   that before returning.
 * environment: scrubbed to PATH, HOME/TMPDIR (the workspace) and a UTF-8 locale; output merged,
-  drained continuously, and cut to its head and tail (``max_output_chars``).
+  drained continuously, and cut to its head and tail (``max_output_chars``; ``CappedReader`` keeps
+  a bounded head and tail of the pipe, the middle is cut).
 
 What it is not: not a defence against kernel exploits (the kernel is shared; no seccomp filter);
 CPU time is a per-process limit, so a bounded number of processes can use that many times it
@@ -46,10 +47,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import src.envs.sandbox_backends as backends
-from src.envs.sandbox_cgroup import join as cgroup_join
-from src.envs.sandbox_cgroup import memory_cgroup, split_limits
-from src.envs.sandbox_mounts import build_plan, sandbox_python
-from src.envs.sandbox_output import CappedReader, assemble, truncate_middle
+from src.envs.sandbox_backends import build_plan, memory_cgroup, sandbox_python, split_limits
+from src.envs.sandbox_backends import join as cgroup_join
 
 __all__ = [
     "SandboxConfig",
@@ -85,7 +84,7 @@ class SandboxConfig:
     tmp_size_mb: int = 64
     confinement: str = "auto"  # auto | bwrap | unshare
     # argv prefix run before the confinement tool: enters the namespace that holds the workspace's
-    # tmpfs where the host cannot mount one (``src.envs.workspace_ns``); empty: none
+    # tmpfs where the host cannot mount one (``src.envs.workspace_cap.NamespaceWorkspace``); empty: none
     enter: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -392,3 +391,51 @@ def _live_members(pgid: int) -> bool:
         if int(fields[2]) == pgid and fields[0] != "Z":
             return True
     return False
+
+
+def truncate_middle(text: str, max_chars: int) -> str:
+    """Keep the head and tail of ``text`` (len <= max_chars plus a one-line marker)."""
+    if len(text) <= max_chars:
+        return text
+    head = max_chars // 2
+    tail = max_chars - head
+    cut = len(text) - head - tail
+    return f"{text[:head]}\n[... {cut} characters cut ...]\n{text[len(text) - tail :]}"
+
+
+class CappedReader(threading.Thread):
+    """Drains a pipe, keeping at most ``cap`` bytes of its head and of its tail."""
+
+    def __init__(self, stream, cap: int) -> None:
+        super().__init__(daemon=True)
+        self._stream, self._cap = stream, cap
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.total = 0
+
+    def run(self) -> None:
+        while True:
+            chunk = self._stream.read1(65536) if hasattr(self._stream, "read1") else self._stream.read(65536)
+            if not chunk:
+                return
+            self.total += len(chunk)
+            room = self._cap - len(self.head)
+            if room > 0:
+                self.head += chunk[:room]
+                chunk = chunk[room:]
+            if chunk:
+                self.tail += chunk
+                if len(self.tail) > self._cap:
+                    del self.tail[: len(self.tail) - self._cap]
+
+
+def assemble(head: str, tail: str, dropped_bytes: int, max_chars: int) -> tuple[str, bool]:
+    """Join the kept head and tail into at most ``max_output_chars`` characters (plus a marker line)."""
+    if dropped_bytes <= 0:  # nothing was dropped while reading: head + tail is the whole output
+        text = head + tail
+        return truncate_middle(text, max_chars), len(text) > max_chars
+    # Both buffers are full (cap bytes >= max_output_chars characters), so the slices below are exact.
+    half = max_chars // 2
+    rest = max_chars - half
+    cut = dropped_bytes + (len(head) - half) + (len(tail) - rest)
+    return f"{head[:half]}\n[... about {cut} characters cut ...]\n{tail[len(tail) - rest :]}", True

@@ -1,27 +1,128 @@
-"""Turn a mount plan and an inner command into an argv for bubblewrap or for util-linux ``unshare``.
+"""What a sandboxed command runs in: the mount plan, the bubblewrap or util-linux ``unshare`` argv
+that builds it, and the memory cgroup that caps the whole process tree.
 
-Both backends give the same boundary: new mount, PID, network, IPC and UTS namespaces; the mount
-plan of ``sandbox_mounts`` as the whole file system; every capability dropped and
-``no_new_privs`` set before the command runs. When the trainer runs as root, the command also
-switches to an unprivileged uid of its own (``SandboxIdentity.uid``), so that what the kernel sees
-is not root even for files the plan exposes, and so that the process limit counts only this
-sandbox's processes. When the trainer is not root, a user namespace maps the caller to root inside
-and capabilities are dropped the same way.
+**Mount plan** (independent of the tool that builds it): a list of ``Mount`` operations applied in
+order to an empty root:
 
-With a PID namespace, the command's first process is (or is the only child of) the namespace's
-init: when it exits, or when the runner kills it, the kernel kills every other process in the
-namespace, including ones that called ``setsid``.
+* the system's programs and libraries read-only (``/usr`` and the ``/bin``, ``/lib*``, ``/sbin``
+  entries, which are symlinks into ``/usr`` on merged-/usr systems);
+* the dynamic linker's configuration and ``/etc/alternatives`` read-only, and nothing else of
+  ``/etc`` (no ``passwd``, no ``hosts``, no credentials);
+* the Python installation the trainer runs on (``sys.base_prefix``) read-only, so ``python3``
+  works; NOT the virtual environment, the repository, ``/root``, ``/work`` or ``/home``;
+* a private, size-capped tmpfs on ``/tmp``; a fresh ``/proc`` (of the sandbox's own PID
+  namespace) and a minimal ``/dev`` (null, zero, full, random, urandom);
+* the episode's workspace read-write at its own (resolved) path, and any extra read-only files
+  the caller names (the game runner script).
+
+Missing parent directories of mount points are created with mode 0755 so that the unprivileged
+sandbox user can traverse them even when the host's are private (``/root`` is 0700).
+
+**Backends**: both give the same boundary: new mount, PID, network, IPC and UTS namespaces; the
+mount plan as the whole file system; every capability dropped and ``no_new_privs`` set before the
+command runs. When the trainer runs as root, the command also switches to an unprivileged uid of
+its own (``SandboxIdentity.uid``), so that what the kernel sees is not root even for files the plan
+exposes, and so that the process limit counts only this sandbox's processes. When the trainer is
+not root, a user namespace maps the caller to root inside and capabilities are dropped the same
+way. With a PID namespace, the command's first process is (or is the only child of) the
+namespace's init: when it exits, or when the runner kills it, the kernel kills every other process
+in the namespace, including ones that called ``setsid``.
+
+**Memory cap on the whole tree**: where a memory cgroup can be created (cgroup v2 with the
+``memory`` controller, or v1's ``memory`` hierarchy; normally as root), each command runs in a
+cgroup of its own whose limit is the configured total (``memory_mb``): the kernel OOM-kills inside
+the group when its processes together exceed it. Elsewhere the per-process limits are tightened so
+that the process cap times the per-process address-space cap stays within the same total
+(``split_limits``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import logging
 import os
 import shlex
 import shutil
+import sys
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
-from src.envs.sandbox_mounts import DEV, DEV_NODES, DIR, PROC, RO, RW, SYMLINK, TMPFS, Mount
+RO, RW, TMPFS, SYMLINK, DIR, PROC, DEV = "ro", "rw", "tmpfs", "symlink", "dir", "proc", "dev"
+
+_SYSTEM_TOP = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
+_ETC_FILES = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/alternatives")
+DEV_NODES = ("null", "zero", "full", "random", "urandom")
+
+
+@dataclass(frozen=True)
+class Mount:
+    """One operation on the new root. ``source`` is a host path (ro/rw) or a link target (symlink)."""
+
+    kind: str
+    target: str
+    source: str = ""
+    size_mb: int = 0
+
+
+def python_prefix() -> str:
+    """The real (symlink-free) installation prefix of the running interpreter."""
+    return os.path.realpath(sys.base_prefix)
+
+
+def sandbox_python() -> str:
+    """Path of an interpreter that exists inside the sandbox (the venv's symlink resolved)."""
+    return os.path.realpath(sys.executable)
+
+
+def _system_mounts() -> list[Mount]:
+    mounts = [Mount(RO, "/usr", "/usr")]
+    for name in _SYSTEM_TOP:
+        path = f"/{name}"
+        if os.path.islink(path):
+            mounts.append(Mount(SYMLINK, path, os.readlink(path)))
+        elif os.path.isdir(path):
+            mounts.append(Mount(RO, path, path))
+    mounts += [Mount(RO, p, p) for p in _ETC_FILES if os.path.exists(p)]
+    return mounts
+
+
+def _under(path: str, mounts: list[Mount]) -> bool:
+    return any(
+        m.kind == RO and (path == m.target or path.startswith(m.target.rstrip("/") + "/")) for m in mounts
+    )
+
+
+def build_plan(workspace: Path, tmp_size_mb: int, extra_ro: tuple[tuple[str, str], ...] = ()) -> list[Mount]:
+    """The ordered mount operations for one sandboxed run (see the module docstring)."""
+    mounts = _system_mounts()
+    for path in (python_prefix(), os.path.dirname(sandbox_python())):
+        if not _under(path, mounts):
+            mounts.append(Mount(RO, path, path))
+    mounts.append(Mount(TMPFS, "/tmp", size_mb=tmp_size_mb))
+    ws = str(Path(workspace).resolve())
+    mounts.append(Mount(RW, ws, ws))
+    mounts += [Mount(RO, target, source) for source, target in extra_ro]
+    mounts += [Mount(PROC, "/proc"), Mount(DEV, "/dev")]
+    return with_parent_dirs(mounts)
+
+
+def with_parent_dirs(mounts: list[Mount]) -> list[Mount]:
+    """Insert a 0755 ``DIR`` for every missing ancestor of each mount point, just before it."""
+    out: list[Mount] = []
+    made: set[str] = {"/"}
+    for mount in mounts:
+        for parent in reversed(Path(mount.target).parents):
+            p = str(parent)
+            if p not in made and not _under(p, out):
+                out.append(Mount(DIR, p))
+                made.add(p)
+        out.append(mount)
+        made.add(mount.target)
+    return out
+
 
 BACKENDS = ("bwrap", "unshare")
 CHOICES = ("auto", *BACKENDS)
@@ -172,3 +273,80 @@ def _unshare_mount(m: Mount) -> str:
 @functools.cache
 def host_is_root() -> bool:
     return os.geteuid() == 0
+
+
+log = logging.getLogger(__name__)
+
+_ROOT = Path("/sys/fs/cgroup")
+MIN_PROCESS_MB = 256  # below this an interpreter cannot start; the process cap shrinks instead
+
+
+def split_limits(memory_mb: int, max_processes: int) -> tuple[int, int]:
+    """(processes, MB per process) whose product is at most ``memory_mb``, for hosts without a cgroup."""
+    processes = max(1, min(max_processes, memory_mb // MIN_PROCESS_MB))
+    return processes, max(1, memory_mb // processes)
+
+
+def _own_cgroup_dir() -> Path | None:
+    """This process's cgroup directory with a memory limit we may set beneath it, or None."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "memory" and (_ROOT / "memory").is_dir():
+            return _ROOT / "memory" / path.lstrip("/")
+        if controllers == "" and (_ROOT / "cgroup.controllers").is_file():
+            base = _ROOT / path.lstrip("/")
+            if "memory" in (base / "cgroup.subtree_control").read_text().split():
+                return base
+    return None
+
+
+def _limit_file(group: Path) -> Path:
+    return group / ("memory.max" if (group / "memory.max").exists() else "memory.limit_in_bytes")
+
+
+@contextlib.contextmanager
+def memory_cgroup(memory_mb: int) -> Iterator[Path | None]:
+    """A fresh memory cgroup limited to ``memory_mb`` (yielded; removed after), or None when the
+    host offers none. Put a process in it with ``join(group)`` before it execs."""
+    parent = _own_cgroup_dir()
+    group = None
+    if parent is not None:
+        candidate = parent / f"sandbox-{os.getpid()}-{time.monotonic_ns()}"
+        try:
+            candidate.mkdir()
+            _limit_file(candidate).write_text(str(memory_mb * 1024 * 1024))
+            swap = candidate / "memory.memsw.limit_in_bytes"
+            if swap.exists():  # v1: no escape into swap either
+                with contextlib.suppress(OSError):
+                    swap.write_text(str(memory_mb * 1024 * 1024))
+            group = candidate
+        except OSError as err:
+            log.debug("no memory cgroup for the sandbox (%s): per-process limits split instead", err)
+            with contextlib.suppress(OSError):
+                candidate.rmdir()
+    try:
+        yield group
+    finally:
+        if group is not None:
+            for _ in range(200):  # the processes are dead; the kernel may take a moment to detach them
+                try:
+                    group.rmdir()
+                    break
+                except OSError:
+                    time.sleep(0.01)
+
+
+def available() -> bool:
+    """Whether commands here run under a memory cgroup (else the split per-process limits)."""
+    with memory_cgroup(64) as group:
+        return group is not None
+
+
+def join(group: Path | None) -> None:
+    """Move the calling process into ``group`` (a ``preexec_fn``: runs in the child before exec)."""
+    if group is not None:
+        (group / "cgroup.procs").write_text(str(os.getpid()))

@@ -173,7 +173,7 @@ def _engine(engine: str, model, model_dir: Path, tokenizer, batch_size: int, max
     if engine == "hf":
         return HFGenerateEngine(model, tokenizer.pad_token_id, [tokenizer.eos_token_id], batch_size)
     if engine == "vllm":
-        from src.rollout.engines.vllm_colocated import VLLMEngine
+        from src.rollout.engines.vllm_engine import VLLMEngine
 
         return VLLMEngine(str(model_dir), 0.4, "bfloat16", max_len, pad_token_id=tokenizer.pad_token_id)
     raise ValueError(f"engine={engine!r}; expected 'hf' or 'vllm'")
@@ -194,14 +194,14 @@ def make_model_generator(
     max_len: int = 4096,
 ) -> Generator:
     """Greedy generation with a plain HF model directory (no router)."""
+    from src.config.sampling import SamplingParams
     from src.datamodules.rlla_datamodule import prompt_token_ids
     from src.models.loading import load_causal_lm, load_tokenizer
-    from src.rollout.engines.types import SamplingParams
 
     tokenizer = load_tokenizer(model_dir)
     model = None if engine == "vllm" else load_causal_lm(model_dir, dtype).to(device).eval()
     eng = _engine(engine, model, Path(model_dir), tokenizer, batch_size, max_len)
-    sampling = SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens)
+    sampling = SamplingParams(n_generations_per_prompt=1, temperature=0.0, max_new_tokens=max_new_tokens)
 
     def generate(batch: list[list[dict]]) -> tuple[list[str], list[str | None]]:
         completions = eng.generate([prompt_token_ids(tokenizer, m) for m in batch], sampling)
@@ -252,13 +252,13 @@ def make_run_generator(
 
 def _plain(policy, batch: list[list[dict]], max_new_tokens: int) -> tuple[list[str], list[str | None]]:
     """The run's actor on the original prompts (router off)."""
+    from src.config.sampling import SamplingParams
     from src.rollout.engines.hf import HFGenerateEngine
-    from src.rollout.engines.types import SamplingParams
 
     tok = policy.tokenizer
     eng = HFGenerateEngine(policy.module.actor, tok.pad_token_id, [tok.eos_token_id], policy.micro_batch_size)
     completions = eng.generate(
         [policy.prompt_ids(m) for m in batch],
-        SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens),
+        SamplingParams(n_generations_per_prompt=1, temperature=0.0, max_new_tokens=max_new_tokens),
     )
     return _decode_all(tok, completions), [None] * len(batch)

@@ -1,11 +1,17 @@
-"""Builders: data, actor, module, rollout callbacks and the Lightning Trainer from the validated config."""
+"""The job's builders, one module: from the validated config to the datamodule, the rollout pipeline
+(prompt source: data or a curriculum's lessons; collector with its one engine; buffer: none, local
+replay or Ray workers, and the worker's own module copy), the actor and the module, the logging
+callbacks and the Lightning Trainer. Components with a ``_target_`` (datamodule, engine,
+environment, strategy, extra callbacks) come from Hydra ``instantiate``; nothing here rewrites a
+setting: derived values are computed where they are used.
+"""
 
 from __future__ import annotations
 
+import functools
 import logging
 import shlex
 import sys
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,15 +23,29 @@ from omegaconf import DictConfig, OmegaConf
 from src.callbacks.checkpointing import (
     AtomicCheckpointIO,
     ManifestCheckpoint,
-    ManifestOnExceptionCheckpoint,
     ManifestWriter,
+    StopOnSignal,
 )
 from src.callbacks.progress import StepProgressBar
-from src.config.groups import AlgorithmGroupConfig, RouterConfig
-from src.config.sampling import eval_sampling
+from src.config.sampling import eval_sampling, merge_sampling, train_sampling
+from src.config.schema import AlgorithmGroupConfig, RouterConfig
 from src.config.validate import world_size
-from src.jobs.strategies import build_strategy, single_optimizer
+from src.datamodules.curriculum import (
+    CurriculumDataModule,
+    CurriculumState,
+    LessonDependency,
+    LessonPools,
+    LessonRule,
+    lesson_files,
+    load_lesson,
+)
+from src.datamodules.position import RefillDraw
+from src.jobs.strategies import build_strategy
 from src.models.loading import LoraSettings, load_causal_lm
+from src.replay.buffer import ReplayBuffer
+from src.rollout.batch import CollectRequest, RolloutBatch
+from src.rollout.dynamic_refill import DynamicSampling
+from src.rollout.pipeline import DataSource, NoBuffer, RolloutPipeline
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +78,7 @@ def build_datamodule(cfg: DictConfig, tokenizer):
     ``sampling.n_prompts`` (and the eval one) count prompts per step over all ranks; each rank
     loads its share."""
     if cfg.curriculum.enable:  # a curriculum's callback fills each step's prompts from its lessons
-        from src.jobs.curriculum import build_curriculum_datamodule
+        from src.jobs.build import build_curriculum_datamodule
 
         return build_curriculum_datamodule(cfg, tokenizer)
     return build_data_group_datamodule(cfg, tokenizer)
@@ -113,7 +133,7 @@ def build_trainer(cfg: DictConfig, extra_callbacks: list[pl.Callback]) -> pl.Tra
             save_top_k=-1,
             auto_insert_metric_name=False,
         ),
-        ManifestOnExceptionCheckpoint(manifest, dirpath=ckpt_dir),
+        StopOnSignal("the run", save_to=ckpt_dir / "interrupted.ckpt", manifest=manifest),
     ]
     t = cfg.trainer
     return pl.Trainer(
@@ -139,17 +159,11 @@ def build_trainer(cfg: DictConfig, extra_callbacks: list[pl.Callback]) -> pl.Tra
     )
 
 
-def build_module(cfg: DictConfig, path: Path):
+def build_module(cfg: DictConfig, path: Path, pipeline=None):
     from src.models.module import ToolRouterModule
 
     algorithm = dataclass_from(AlgorithmGroupConfig, cfg.algorithm)
     router = dataclass_from(RouterConfig, cfg.router)
-    if single_optimizer(cfg.trainer.strategy):  # the router head: a group of the one optimizer
-        router = replace(router, separate_optimizer=False)
-    if algorithm.temperature is None:  # log-probs are scored at the sampling temperature
-        algorithm = replace(algorithm, temperature=float(cfg.sampling.temperature))
-    if cfg.replay.capacity > 0:  # off-policy samples: the ratio is taken against their behaviour log-probs
-        algorithm = replace(algorithm, old_log_prob_source="rollout")
     return ToolRouterModule(
         build_actor(cfg, path),
         algorithm,
@@ -157,5 +171,166 @@ def build_module(cfg: DictConfig, path: Path):
         router,
         reference_factory=lambda: load_causal_lm(path, cfg.model.dtype),
         seed=cfg.seed,
-        dual=router if router.enable else None,  # RouterConfig is the λ's DualSettings
+        pipeline=pipeline,
     )
+
+
+def build_rollout_pipeline(cfg: DictConfig, tokenizer, path: Path, datamodule=None) -> RolloutPipeline:
+    """Data or curriculum prompts -> the job's collector -> no buffer, local replay or Ray workers.
+
+    With Ray workers and no curriculum nothing is collected on the trainer, so no engine is built
+    here; a curriculum's evaluations always use the trainer's own collector.
+    """
+    from src.rollout.factory import eval_sampling_from
+
+    source = DataSource()
+    if cfg.curriculum.enable:
+        from src.jobs.build import build_curriculum_source
+
+        source = build_curriculum_source(cfg, tokenizer, datamodule.pools)
+    buffer = NoBuffer()
+    if cfg.replay.capacity > 0:
+        from src.jobs.build import build_replay_buffer
+
+        buffer = build_replay_buffer(cfg, tokenizer, path)
+    local = cfg.rollout.workers == 0 or cfg.curriculum.enable
+    return RolloutPipeline(
+        build_collector_factory(cfg, tokenizer, path) if local else None,
+        source,
+        buffer,
+        None if cfg.env.enable else eval_sampling_from(cfg, tokenizer),
+        seed=int(cfg.seed),
+        dynamic=build_dynamic_sampling(cfg, tokenizer, datamodule),
+    )
+
+
+def build_dynamic_sampling(cfg: DictConfig, tokenizer, datamodule) -> DynamicSampling | None:
+    """``algorithm.dynamic_sampling`` with its refill draw over the datamodule's training set."""
+    d = cfg.algorithm.dynamic_sampling
+    if not d.enable:
+        return None
+    if datamodule is None:
+        raise ValueError("algorithm.dynamic_sampling.enable: the refill draw needs the job's datamodule")
+    draw = RefillDraw(datamodule, int(cfg.seed))
+    return DynamicSampling(str(d.on), int(d.max_extra_batches), float(d.eps), draw, tokenizer.pad_token_id)
+
+
+def build_rl_callbacks(cfg: DictConfig, tokenizer) -> list[pl.Callback]:
+    """The rollout log and, with a router, the route confusion and the held-out routing."""
+    from src.callbacks.rollout_logger import RolloutLogger
+
+    callbacks: list[pl.Callback] = [RolloutLogger(Path(cfg.run_dir) / "rollouts")]
+    if cfg.router.enable:
+        from src.callbacks.held_out_routing import HeldOutRoutingLogger
+        from src.callbacks.route_confusion import RouteConfusionLogger
+        from src.rollout.factory import make_families
+
+        callbacks.append(RouteConfusionLogger(cfg.trainer.val_check_interval or 50))
+        callbacks.append(
+            HeldOutRoutingLogger(
+                Path(cfg.run_dir) / "rollouts" / "val",
+                make_families(cfg),
+                tokenizer.pad_token_id,
+                int(cfg.algorithm.micro_batch_size),
+            )
+        )
+    return callbacks
+
+
+def lesson_rules(cfg: DictConfig) -> list[LessonRule]:
+    c = cfg.curriculum
+    return [
+        LessonRule(
+            lesson_id=str(lid),
+            dependencies=tuple(
+                LessonDependency(d.dependency_id, float(d.reward_threshold)) for d in lesson.dependencies
+            ),
+            start_threshold=float(lesson.start_threshold),
+            stop_threshold=float(lesson.stop_threshold),
+            plateau_window=int(lesson.plateau_window),
+            plateau_threshold=float(lesson.plateau_threshold),
+            weight=float(lesson.weight),
+        )
+        for lid, lesson in c.lessons.items()
+    ]
+
+
+def build_lesson_pools(cfg: DictConfig, tokenizer) -> LessonPools:
+    lessons = {}
+    for lid, lesson in cfg.curriculum.lessons.items():
+        train, evals = lesson_files(lesson, str(lid), cfg.cache_dir)
+        lessons[str(lid)] = load_lesson(train, evals, tokenizer, cfg.data.max_prompt_length)
+    return LessonPools(lessons, cfg.seed)
+
+
+def build_curriculum_datamodule(cfg: DictConfig, tokenizer) -> CurriculumDataModule:
+    return CurriculumDataModule(build_lesson_pools(cfg, tokenizer))
+
+
+def lesson_sampling(cfg: DictConfig, tokenizer):
+    """Per lesson: (prompts per step, train and eval engine SamplingParams) — the global sampling
+    with the lesson's override, and for eval the global eval override on top of that."""
+    from src.rollout.factory import engine_sampling
+
+    job = OmegaConf.to_object(cfg.sampling)
+    prompts, train, evals = {}, {}, {}
+    for lid, lesson in OmegaConf.to_object(cfg.curriculum).lessons.items():
+        own = merge_sampling(train_sampling(job), lesson.sampling)
+        prompts[lid] = own.n_prompts
+        train[lid] = engine_sampling(own, tokenizer)
+        evals[lid] = engine_sampling(merge_sampling(own, job.eval), tokenizer)
+    return prompts, train, evals
+
+
+def build_curriculum_source(cfg: DictConfig, tokenizer, pools: LessonPools):
+    """The pipeline's prompt source for ``curriculum.enable``: lessons, their sampling and rules."""
+    from src.rollout.curriculum_source import CurriculumSource, LessonSampling
+
+    c = cfg.curriculum
+    prompts, train, evals = lesson_sampling(cfg, tokenizer)
+    sampling = LessonSampling(prompts, train, evals, int(c.eval_prompts), int(c.eval_frequency))
+    state = CurriculumState.from_rules(lesson_rules(cfg), min_share=float(c.min_share))
+    return CurriculumSource(state, pools, sampling, seed=int(cfg.seed))
+
+
+def build_replay_buffer(cfg: DictConfig, tokenizer, model_path: Path):
+    """``LocalReplay`` (workers 0) or ``WorkerReplay`` around the configured :class:`ReplayBuffer`."""
+    from src.replay.buffer import LocalReplay, RolloutWorkerPool, WorkerReplay
+
+    r = cfg.replay
+    buffer = ReplayBuffer(
+        capacity=int(r.capacity),
+        alpha=float(r.alpha),
+        max_samples_per_rollout=int(r.max_samples_per_rollout),
+        max_batch_latency=int(r.max_batch_latency),
+        pad_id=int(tokenizer.pad_token_id),
+        seed=int(cfg.seed),
+    )
+    n_groups = int(cfg.sampling.n_prompts)
+    if cfg.rollout.workers == 0:
+        return LocalReplay(buffer, n_groups)
+    policy = functools.partial(WorkerPolicy, OmegaConf.to_container(cfg, resolve=True), str(model_path))
+    pool_factory = functools.partial(
+        RolloutWorkerPool, int(cfg.rollout.workers), policy, address=cfg.rollout.ray_address
+    )
+    return WorkerReplay(buffer, n_groups, pool_factory, int(cfg.rollout.weight_sync_every))
+
+
+class WorkerPolicy:
+    """What a rollout worker runs: its own module copy and the job's collector around it."""
+
+    def __init__(self, cfg_container: dict[str, Any], model_path: str):
+        from src.config.job import JobConfig
+        from src.models.loading import load_tokenizer
+        from src.rollout.factory import make_collector
+
+        cfg = OmegaConf.merge(OmegaConf.structured(JobConfig), cfg_container)  # typed again, as on the driver
+        cfg.algorithm.use_kl_loss = False  # a worker only generates: no reference model
+        self.module = build_module(cfg, Path(model_path)).eval()
+        self.collector = make_collector(cfg, load_tokenizer(model_path), self.module, Path(model_path))
+
+    def load_policy_state(self, state_dict) -> None:
+        self.module.load_state_dict(state_dict)
+
+    def collect(self, request: CollectRequest) -> RolloutBatch:
+        return self.collector.collect(request)

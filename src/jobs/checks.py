@@ -1,9 +1,11 @@
 """``validate_job(cfg)``: ``validate`` plus what only the component registries know.
 
 ``src/config`` is the bottom layer and imports no component, so the checks that ask a registry
-live here: every registered advantage estimator compares a response with its group (the
-registry's ``fn(rewards, index)`` contract gives a group of one advantage 0), and the budget must
-be reachable under the configured tool cost (``src/router/cost.py:max_cost``).
+live here, and the config keeps no list of its own of what a registry knows: a researcher's own
+advantage, policy loss, KL estimator, aggregation mode, λ controller or strategy, once registered,
+passes. Every registered advantage estimator compares a response with its group (the registry's
+``fn(rewards, index)`` contract gives a group of one advantage 0), and the budget must be reachable
+under the configured tool cost (``src/router/usage.py:max_cost``).
 """
 
 from __future__ import annotations
@@ -12,12 +14,13 @@ import math
 
 from omegaconf import DictConfig
 
-from src.algorithms.advantages import ADVANTAGES
-from src.config.checks import in_range, unknown_keys
-from src.config.errors import ConfigError
-from src.config.validate import validate
-from src.jobs.registry_checks import registry_problems
-from src.router.cost import max_cost
+from src.algorithms.lagrange import DUAL_UPDATES
+from src.algorithms.loss_module import ADVANTAGES, OLD_LOG_PROB_SOURCES
+from src.algorithms.losses import KL_ESTIMATORS, LOSS_AGG, POLICY_LOSSES
+from src.algorithms.rlvcr import QUALIFY_MODES
+from src.config.validate import ConfigError, in_range, one_of, unknown_keys, validate
+from src.jobs.strategies import strategy_names
+from src.router.usage import max_cost
 
 
 def component_problems(cfg: DictConfig) -> list[str]:
@@ -34,8 +37,29 @@ def component_problems(cfg: DictConfig) -> list[str]:
             top = max_cost(r.cost, dict(r.cost_weights))
         except ValueError as err:
             return [*problems, f"router.cost / router.cost_weights: {err}"]
-        if top < math.inf:
+        if top < math.inf and r.budget > top:  # the lower bound is src/config/validate.py's
             problems += in_range("router.budget", r.budget, 0.0, top)
+    return problems
+
+
+def registry_problems(cfg: DictConfig) -> list[str]:
+    a = cfg.algorithm
+    problems = one_of("algorithm.adv_estimator", a.adv_estimator, ADVANTAGES.names())
+    problems += one_of("algorithm.policy_loss", a.policy_loss, POLICY_LOSSES.names())
+    problems += one_of("algorithm.kl_estimator", a.kl_estimator, KL_ESTIMATORS.names())
+    problems += one_of("algorithm.loss_agg_mode", a.loss_agg_mode, LOSS_AGG.names())
+    problems += one_of("algorithm.old_log_prob_source", a.old_log_prob_source, OLD_LOG_PROB_SOURCES)
+    if a.adv_estimator == "rlvcr":
+        problems += one_of("algorithm.rlvcr_qualify", a.rlvcr_qualify, QUALIFY_MODES)
+    if cfg.router.enable:
+        problems += one_of("router.lambda_update", cfg.router.lambda_update, DUAL_UPDATES)
+    if cfg.env.enable:
+        from src.rollout.factory import STEP_FORMATS
+
+        problems += one_of("env.step_format", cfg.env.step_format, STEP_FORMATS)
+    strategy = cfg.trainer.strategy
+    if isinstance(strategy, str):  # a node with its own ``_target_`` is the researcher's
+        problems += one_of("trainer.strategy", strategy, strategy_names(cfg))
     return problems
 
 

@@ -22,7 +22,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from src.callbacks.checkpointing import latest_checkpoint
-from src.rewards.types import RewardBreakdown, RewardConfig
+from src.rewards.rlla import RewardBreakdown, RewardConfig
 from src.router.routes import Route, parse_route
 from src.router.usage import ToolUsage
 
@@ -193,7 +193,7 @@ class Policy:
             raise ValueError(f"{self.checkpoint}: this run has no router head (router.enable=false)")
         from functools import partial
 
-        from src.rollout.routing import router_logits
+        from src.rollout.single_turn import router_logits
 
         ids = [self.prompt_ids(m) for m in batch]
         logits_fn = partial(self.module.router_logits, averaged=True)
@@ -220,9 +220,9 @@ class Policy:
         sample: bool,
         generator: torch.Generator | None,
     ):
-        """The route decision (``src.rollout.routing.RouteDecision``) of P prompts, one row each;
+        """The route decision (``src.rollout.single_turn.RouteDecision``) of P prompts, one row each;
         ``routes`` forces it; None when there is neither a router nor a forced route."""
-        from src.rollout.routing import decide_routes, forced_routes
+        from src.rollout.single_turn import decide_routes, forced_routes
 
         logits = self.route_logits(batch) if self.has_router else None
         if routes is not None:
@@ -233,7 +233,7 @@ class Policy:
         self, messages: Sequence[Mapping[str, Any]], route: Route | int | str, data_source: str = "rlla"
     ) -> list[dict[str, Any]]:
         """The chat messages the actor sees under ``route`` (system message rewritten)."""
-        from src.router.context import prompt_context, routed_messages
+        from src.router.routes import prompt_context, routed_messages
 
         ctx = prompt_context(messages, data_source, self.families)
         return routed_messages(ctx, parse_route(route), self.families, self.prompt_mode)
@@ -265,8 +265,8 @@ class Policy:
         """:meth:`respond` for P prompts at once (one batched generate call), through the collector's
         own route / routed-prompt / generate / decode / score functions. With ``ground_truths`` each
         result also carries its reward parts and weak label."""
-        from src.rollout.engines.types import SamplingParams
-        from src.router.context import prompt_context
+        from src.config.sampling import SamplingParams
+        from src.router.routes import prompt_context
 
         _check_lengths(batch, data_sources, routes, ground_truths)
         truths = ground_truths if ground_truths is not None else [None] * len(batch)
@@ -275,7 +275,7 @@ class Policy:
         ]
         decision = self.decide(batch, routes, settings.sample_route, generator)
         sampling = SamplingParams(
-            n=1,
+            n_generations_per_prompt=1,
             temperature=settings.temperature,
             top_p=settings.top_p,
             max_new_tokens=settings.max_new_tokens or self.max_new_tokens,
@@ -285,8 +285,7 @@ class Policy:
     def _answer(self, contexts, decision, sampling, ground_truths) -> list[InferenceResult]:
         """Routed prompts -> one generate call -> decoded, scored results."""
         from src.rollout.engines.hf import HFGenerateEngine
-        from src.rollout.responses import ResponseScorer
-        from src.rollout.routing import routed_prompts
+        from src.rollout.single_turn import ResponseScorer, routed_prompts
 
         actions = [None] * len(contexts) if decision is None else decision.action.tolist()
         messages, prompts = routed_prompts(
@@ -371,7 +370,7 @@ def load_router_policy(
     from src.jobs.warm_start import base_model_dir
     from src.models.loading import load_tokenizer
     from src.rollout.factory import make_families
-    from src.router.cost import make_cost_fn
+    from src.router.usage import make_cost_fn
 
     ckpt, manifest = resolve_run(run_dir_or_ckpt)
     cfg = OmegaConf.create(manifest["config"])
@@ -397,5 +396,5 @@ def load_router_policy(
         max_new_tokens=int(max_new_tokens or cfg.sampling.max_new_tokens),
         micro_batch_size=int(cfg.rollout.get("micro_batch_size", 16)),
         global_step=state.get("global_step"),
-        extra={"lambda": float(state["state_dict"].get("lagrange_lambda", torch.tensor(0.0)))},
+        extra={"lambda": float(state["state_dict"].get("lagrange.lam", torch.tensor(0.0)))},
     )

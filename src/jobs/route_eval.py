@@ -26,7 +26,7 @@ def route_table(policy, records, batch_size: int = 16, reward_config=None) -> pd
     the weak label and the router's argmax route."""
     from src.formats.tools_block import tool_descriptions
     from src.rewards.dispatch import response_format, score
-    from src.router.labels import weak_label
+    from src.router.routes import weak_label
 
     labels = {
         r.uid: weak_label(
@@ -79,10 +79,10 @@ def sweep_route_tables(
     prompts: ``parquet``, default each run's validation file)."""
     from omegaconf import OmegaConf
 
+    from src.config.schema import RewardConfig
     from src.datamodules.schema import read_rlla_parquet
     from src.jobs.build import data_files
     from src.jobs.inference import load_router_policy
-    from src.rewards.types import RewardConfig
 
     out = []
     for run in runs:

@@ -1,6 +1,6 @@
 """Route-following SFT examples: the warm start that makes the router's decision binding.
 
-Every row is shown under all three route-conditioned prompts (``src.router.prompts``), with the
+Every row is shown under all three route-conditioned prompts (``src.router.routes``), with the
 target a *route-following* actor would write:
 
     ANSWER route         the ground truth of a no-tool row; a direct answer for a tool row
@@ -23,9 +23,7 @@ from typing import Any
 from src.datamodules.gpt_oss import convert_ground_truth
 from src.formats.tools_block import parse_tools_block, tool_descriptions
 from src.rewards.dispatch import response_format
-from src.router.labels import weak_label
-from src.router.prompts import route_messages
-from src.router.routes import Route
+from src.router.routes import Route, route_messages, weak_label
 
 __all__ = ["DIRECT_ANSWER_XML", "misrouted_call", "route_following_examples"]
 

@@ -1,7 +1,7 @@
 """What the router head pools, set up before the first step: the base model's frozen input
 embeddings (``router.input: base_embeddings``), and the SIF pooling (``router.pooling: sif``) fitted
 on the training prompts: token frequencies over the pooled windows, then the common direction of
-the weighted means under the starting backbone (``src.router.sif`` holds the math)."""
+the weighted means under the starting backbone (``src.router.head`` holds the math)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import torch
 
-from src.router.sif import common_component, sif_token_weights, token_counts
+from src.router.head import common_component, sif_token_weights, token_counts
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,9 @@ def fit_sif_pooling(module, prompt_ids: Sequence[list[int]], pad_id: int, batch_
         "weight_min": float(weight.min()),
         "component_share": share,
     }
-    log.info("router SIF pooling fitted (a=%s, unseen tokens %s): %s", cfg.sif_a, cfg.sif_unseen_weight, fitted)
+    log.info(
+        "router SIF pooling fitted (a=%s, unseen tokens %s): %s", cfg.sif_a, cfg.sif_unseen_weight, fitted
+    )
     return fitted
 
 

@@ -17,8 +17,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from src.config.groups import RouterConfig
-from src.models.router_policy import RouterPolicy, initial_controller, lambda_window_step
+from src.algorithms.lagrange import initial_controller, lambda_window_step
+from src.config.schema import RouterConfig
+from src.models.router_policy import RouterPolicy
 from src.rollout.batch import RouterRollout
 from src.rollout.metrics import route_accuracy
 from src.router.routing_eval import budget_route_probs, calibrate_tool_threshold, routing_metrics
@@ -151,7 +152,7 @@ def replay(
         idx = order[(torch.arange(n_prompts) + step * n_prompts) % len(order)]
         action, cost, r_task = learner.step(idx, float(lam), step)
         totals = torch.tensor([float(cost.sum()), float(r_task.sum()), float(len(cost))], dtype=torch.float64)
-        lambda_window_step(lam, window, controller, totals, cfg)
+        lam, window, controller, _ = lambda_window_step(lam, window, controller, totals, cfg)
         trace.append((float(cost.mean()), float(lam), train.label[idx].repeat_interleave(group), action))
     last = trace[-50:]
     routes = [ROUTE_KEYS[int(a)] for a in torch.cat([t[3] for t in last])]

@@ -35,7 +35,7 @@ def records_probs(policy, records: Sequence[Any], batch_size: int = 32) -> torch
 def records_labels(policy, records: Sequence[Any]) -> list[str]:
     """Weak label of each record from its ground truth and its prompt's tool descriptions."""
     from src.formats.tools_block import tool_descriptions
-    from src.router.labels import weak_label
+    from src.router.routes import weak_label
 
     out = []
     for r in records:

@@ -27,9 +27,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
 
+from src.callbacks.checkpointing import Preempted, StopOnSignal
 from src.callbacks.progress import StepLogProgress, StepProgressBar
-from src.callbacks.signal_latch import Preempted
-from src.callbacks.signal_stop import StopOnSignal
 from src.jobs.sft_resume import EndlessShuffle, interrupted_path, resumable_step
 
 log = logging.getLogger(__name__)
@@ -163,7 +162,7 @@ def _sft_trainer(cfg: DictConfig, save_to: Path | None) -> tuple[pl.Trainer, Sto
         devices=1,
         precision=cfg.trainer.precision,
         logger=pl.loggers.TensorBoardLogger(save_dir=str(cfg.run_dir), name="tensorboard_sft", version=""),
-        enable_checkpointing=False,
+        enable_checkpointing=True,  # StopOnSignal is its only checkpoint callback: no periodic saves
         enable_model_summary=False,
         log_every_n_steps=10,
         gradient_clip_val=1.0,
@@ -327,9 +326,9 @@ def ensure_sft_warm_start(cfg: DictConfig, base: Path) -> Path:
 def episode_sft_examples(cfg: DictConfig, tokenizer) -> list[dict[str, list[int]]]:
     """``sft.episodes`` scripted episodes of ``cfg.env`` in the RLVCR step format as SFT examples:
     the whole episode's ids, labels on the step tokens only (see ``src.rollout.episodes.scripted_agent``)."""
-    from src.rollout.episodes.factory import env_factory, episode_templates
     from src.rollout.episodes.loop import EpisodeSettings
     from src.rollout.episodes.scripted_agent import level_counts, scripted_episodes
+    from src.rollout.factory import env_factory, episode_templates
 
     s = cfg.sft
     env_cfg = OmegaConf.to_container(cfg.env, resolve=True)
@@ -376,7 +375,7 @@ def ensure_episode_warm_start(cfg: DictConfig, base: Path) -> Path:
     the episode templates, so editing what the demonstrations look like rebuilds it.
     """
     from src.rollout.episodes import scripted_agent
-    from src.rollout.episodes.factory import episode_templates
+    from src.rollout.factory import episode_templates
 
     env_cfg = OmegaConf.to_container(cfg.env, resolve=True)
     agent_src = Path(scripted_agent.__file__).read_text()

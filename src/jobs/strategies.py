@@ -34,18 +34,11 @@ __all__ = [
     "ddp",
     "deepspeed",
     "fsdp",
-    "single_optimizer",
     "strategy_names",
 ]
 
 SHARDED = ("fsdp", "deepspeed_stage_2", "deepspeed_stage_3")
 MULTI_PROCESS = ("ddp", *SHARDED)
-
-
-def single_optimizer(name: str) -> bool:
-    """Multi-process strategies train one optimizer (DeepSpeed accepts no other; the others match
-    it so the four agree): the router head becomes a parameter group with its own learning rate."""
-    return str(name) in MULTI_PROCESS
 
 
 def strategy_names(cfg: DictConfig) -> list[str]:

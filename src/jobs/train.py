@@ -12,12 +12,16 @@ from hydra.utils import instantiate
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig
 
-from src.callbacks.checkpointing import InterruptCheckpoint
-from src.callbacks.signal_latch import Preempted
+from src.callbacks.checkpointing import Preempted, StopOnSignal
 from src.callbacks.step_only import StepOnlyScalars
 from src.callbacks.step_scalars import StepScalarCarry
-from src.jobs.build import build_datamodule, build_module, build_trainer
-from src.jobs.callbacks import build_rl_callbacks
+from src.jobs.build import (
+    build_datamodule,
+    build_module,
+    build_rl_callbacks,
+    build_rollout_pipeline,
+    build_trainer,
+)
 from src.jobs.checks import validate_job
 from src.jobs.resume import already_finished, check_callback_states, logs_cut_once_restored, prepare_run_dir
 from src.jobs.router_pooling import set_up_router_input
@@ -25,6 +29,42 @@ from src.jobs.warm_start import base_model_dir, model_dir
 from src.models.loading import load_tokenizer
 
 log = logging.getLogger(__name__)
+
+
+class _DropLightningTip(logging.Filter):
+    """Lightning's advertising tips ("💡 Tip: ... litlogger") say nothing about the run."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "💡 Tip" not in record.getMessage()
+
+
+def quiet_known_library_output() -> None:
+    """Each library message that repeats without telling the user anything is silenced here, once,
+    with the reason; everything else is left to show."""
+    # The HF forward is called with ``past_key_values=``: its replacement keyword (``cache=``) does
+    # not exist in the transformers releases the vLLM venv and the GPU image pin, and the warning
+    # repeats on every generate / prefill.
+    warnings.filterwarnings("ignore", message=r"`past_key_values` is deprecated", category=FutureWarning)
+    # Our checkpoints hold the state after the step's optimizer step, by design (resume continues
+    # from the step after): Lightning warns about this on every save under manual optimization.
+    warnings.filterwarnings("ignore", message=r"Using ModelCheckpoint with manual optimization")
+    # Lightning's own use of torch's pytree API (not ours).
+    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
+    # The module's on_after_batch_transfer wraps the datamodule's record lists on purpose.
+    warnings.filterwarnings("ignore", message=r"You have overridden `on_after_batch_transfer`")
+    # Jobs without held-out data (e.g. the game episodes) define validation_step for the others.
+    warnings.filterwarnings("ignore", message=r"You defined a `validation_step` but have no `val_dataloader`")
+    # The datamodules restore their mid-epoch position themselves (their state_dict), so
+    # Lightning's "dataloader is not resumable" warning does not apply.
+    warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch")
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        logging.getLogger(name).addFilter(_DropLightningTip())
+    # Lightning prints through a console handler of its own and through the root logger (which
+    # Hydra gives a console and a train.log handler): every line twice. The root's stays.
+    if logging.getLogger().handlers:
+        lightning_log = logging.getLogger("lightning")
+        for handler in list(lightning_log.handlers):
+            lightning_log.removeHandler(handler)
 
 
 def configured_callbacks(cfg: DictConfig) -> list[pl.Callback]:
@@ -44,6 +84,7 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
     ``cfg`` is validated first (``ConfigError`` naming every bad key), before anything is built.
     """
     validate_job(cfg)
+    quiet_known_library_output()
     if cfg.trainer.threads is not None:  # before any work: reductions split by thread count
         torch.set_num_threads(int(cfg.trainer.threads))
     pl.seed_everything(cfg.seed, workers=True)
@@ -62,23 +103,21 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
 
         log.info("harmony token ids: %s", harmony_token_ids(tokenizer))
     datamodule = build_datamodule(cfg, tokenizer)
+    pipeline = build_rollout_pipeline(cfg, tokenizer, path, datamodule)
     # Building a missing base model or warm start (model_dir above) draws from the global RNG; the
     # module's initial weights (the router head) must not depend on whether they were cached.
     pl.seed_everything(cfg.seed, workers=True)
-    module = build_module(cfg, path)
+    module = build_module(cfg, path, pipeline)
     ckpt = point.checkpoint if point else None
     if ckpt is None and module.router_head is not None:  # a resumed run restores them from its checkpoint
         set_up_router_input(module, base_model_dir(cfg), datamodule, tokenizer.pad_token_id)
     callbacks = [
         StepOnlyScalars(),  # first: it clears the previous step's values before anyone logs
-        *build_rl_callbacks(cfg, tokenizer, path, datamodule),
+        *build_rl_callbacks(cfg, tokenizer),
         StepScalarCarry(),
         *configured_callbacks(cfg),
     ]
     trainer = build_trainer(cfg, callbacks)
-    # the datamodules restore the mid-epoch position themselves (their state_dict), so Lightning's
-    # "dataloader is not resumable" warning does not apply
-    warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch")
     if ckpt is not None:
         check_callback_states(point, trainer)
         log.info("resuming from %s", ckpt)
@@ -87,7 +126,7 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
             trainer.fit(module, datamodule=datamodule, ckpt_path=str(ckpt) if ckpt else None)
     except SIGTERMException as e:  # SIGTERM before our handler took over: Lightning exits with 0
         raise Preempted(15) from e
-    stopper = next((cb for cb in trainer.callbacks if isinstance(cb, InterruptCheckpoint)), None)
+    stopper = next((cb for cb in trainer.callbacks if isinstance(cb, StopOnSignal)), None)
     finished = 0 < trainer.max_steps <= trainer.global_step  # a signal during the last step: done
     if stopper is not None and stopper.stopped_by is not None and not finished:
         raise Preempted(stopper.stopped_by)

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from src.config.schema import LoraSettings
 from src.models.tiny import TinyModelSpec, ensure_tiny_model
 
 log = logging.getLogger(__name__)
@@ -20,15 +20,6 @@ _DTYPES = {
     "float16": torch.float16,
     "fp16": torch.float16,
 }
-
-
-@dataclass
-class LoraSettings:
-    enable: bool = False
-    r: int = 8
-    alpha: int = 16
-    dropout: float = 0.0
-    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
 
 
 def resolve_model_path(path: str | None, cache_dir: str, tiny: TinyModelSpec | None = None) -> Path:

@@ -1,12 +1,13 @@
 """The LightningModule: the actor LM plus an optional router (``RouterPolicy``) and its λ, trained
 with manual optimisation.
 
-``training_step`` reads top to bottom as the stages of one RL step (see its docstring); each stage
-is one call into ``src.algorithms``, the router policy or the rollout pipeline. It returns
-``{"loss", "rollout"}`` for the callbacks. All math lives in ``src.algorithms``; this file only
-orchestrates. λ's state (``lagrange_lambda``, the cost window ``lagrange_window`` and the
-controller's memory ``lagrange_controller``, all checkpointed buffers) and its update
-(``update_lambda``) live here and nowhere else.
+``training_step`` drives one whole RL step, top to bottom, as numbered and timed stages (see its
+docstring): rollout, advantages, router update, actor updates, λ update, weight sync. Each stage is
+one call into the rollout pipeline, ``src.algorithms`` or the router policy; this file only
+orchestrates. It returns ``{"loss", "rollout"}`` for the logging callbacks. λ's state and update
+are ``src.algorithms.lagrange.LagrangeMultiplier`` (``self.lagrange``). The rollout pipeline
+(``src.rollout.pipeline.RolloutPipeline``) is built by the job and handed in; its state (curriculum,
+replay buffer) is checkpointed under the checkpoint's ``rollout_pipeline`` key.
 """
 
 from __future__ import annotations
@@ -19,24 +20,38 @@ from dataclasses import dataclass
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.strategies import ParallelStrategy
 
-from src.algorithms.aggregation import aggregate
+from src.algorithms.lagrange import LagrangeMultiplier
 from src.algorithms.loss_module import build_loss_module
-from src.algorithms.losses import KL_ESTIMATORS, token_log_probs_and_entropy
-from src.algorithms.rollout_correction import logprob_abs_diff, rollout_is_weights
+from src.algorithms.losses import (
+    KL_ESTIMATORS,
+    aggregate,
+    logprob_abs_diff,
+    rollout_is_weights,
+    token_log_probs_and_entropy,
+)
 from src.config.schema import AlgorithmConfig, DualSettings, OptimConfig, RouterHeadConfig
-from src.models.router_policy import RouterPolicy, initial_controller, lambda_window_step
+from src.models.router_policy import RouterPolicy
 from src.models.sharding import fully_shard_policy
 from src.models.shared_prefix import prompt_groups, response_logit_pieces
 from src.models.step_stats import add_stat
 from src.rollout.batch import PromptBatch, RolloutBatch, step_draw
-from src.rollout.metrics import non_finite
-from src.rollout.rank_metrics import all_rank_rollout_metrics
+from src.rollout.metrics import all_rank_rollout_metrics, non_finite
+from src.rollout.pipeline import RolloutPipeline
 
 log = logging.getLogger(__name__)
 
 # Estimators computed on the rollout side: they reach the module as RolloutBatch.token_advantages.
 ROLLOUT_SIDE_ESTIMATORS = ("rlvcr",)
+# the checkpoint key of the rollout pipeline's state (prompt source and buffer)
+PIPELINE_STATE_KEY = "rollout_pipeline"
+# checkpoints written before λ's state moved into ``LagrangeMultiplier`` name its buffers so
+OLD_LAMBDA_KEYS = {
+    "lagrange_lambda": "lagrange.lam",
+    "lagrange_window": "lagrange.window",
+    "lagrange_controller": "lagrange.controller",
+}
 
 
 @dataclass
@@ -93,7 +108,7 @@ class ToolRouterModule(pl.LightningModule):
         router: RouterHeadConfig,
         reference_factory: Callable[[], torch.nn.Module] | None = None,
         seed: int = 0,
-        dual: DualSettings | None = None,
+        pipeline: RolloutPipeline | None = None,
     ):
         super().__init__()
         self.actor = actor
@@ -101,10 +116,8 @@ class ToolRouterModule(pl.LightningModule):
         self.optim_cfg = optim
         self.router_cfg = router
         self.loss_module = build_loss_module(algorithm)
-        # rows without their own temperature were sampled at the rollout's (builder fills it in)
+        # rows without their own temperature were sampled at this one (the config: sampling.temperature)
         self.default_temperature = float(algorithm.temperature) if algorithm.temperature is not None else 1.0
-        if router.enable and dual is None:
-            raise ValueError("router.enable needs the λ update's settings (dual=DualSettings(...))")
         self.router_head = (
             RouterPolicy(
                 actor.config.hidden_size,
@@ -115,12 +128,12 @@ class ToolRouterModule(pl.LightningModule):
             if router.enable
             else None
         )
-        # λ and its window (cost sum, task-reward sum, rollouts, steps since the last update) are
-        # buffers: checkpointed with the weights and identical on every rank.
-        self.dual = dual
-        self.register_buffer("lagrange_lambda", torch.tensor(float(router.lambda_init)))
-        self.register_buffer("lagrange_window", torch.zeros(4, dtype=torch.float64))
-        self.register_buffer("lagrange_controller", initial_controller(router.lambda_init))
+        # λ, its cost window and the controller's memory: buffers, checkpointed with the weights. The
+        # job's ``router`` config (``RouterConfig``) carries λ's settings; a bare head config the defaults.
+        dual = router if isinstance(router, DualSettings) else DualSettings()
+        self.lagrange = LagrangeMultiplier(dual, router.lambda_init)
+        self._register_load_state_dict_pre_hook(_rename_old_lambda_keys)
+        self.pipeline = pipeline
         self.automatic_optimization = False
         self._reference_factory = reference_factory
         # The reference is the fixed initial policy: kept in a list so it is not a submodule
@@ -130,7 +143,7 @@ class ToolRouterModule(pl.LightningModule):
 
     def current_lambda(self) -> float:
         """λ of the rollouts collected now (r_router = r_task − λ·cost)."""
-        return float(self.lagrange_lambda)
+        return self.lagrange.value
 
     # ------------------------------------------------------------------ router
     def router_logits(
@@ -183,8 +196,35 @@ class ToolRouterModule(pl.LightningModule):
         return self._reference_holder[0] if self._reference_holder else None
 
     def on_fit_start(self) -> None:
+        """Builds the pipeline's one engine and syncs it to the (possibly resumed) weights: Lightning
+        restored the checkpoint, the pipeline's state included, before this hook."""
         if self.reference is not None:
             self.reference.to(self.device)
+        if self.pipeline is not None:
+            self.pipeline.start(self, self.trainer.global_step)
+
+    def on_fit_end(self) -> None:
+        if self.pipeline is not None:
+            self.pipeline.close()
+
+    def teardown(self, stage: str) -> None:
+        if self.pipeline is not None:
+            self.pipeline.close()
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        if self.pipeline is not None:
+            checkpoint[PIPELINE_STATE_KEY] = self.pipeline.state_dict()
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        if self.pipeline is None:
+            return
+        state = checkpoint.get(PIPELINE_STATE_KEY)
+        if state is None:
+            raise ValueError(
+                f"the checkpoint has no {PIPELINE_STATE_KEY!r} state: it was not written by this job's "
+                "training (resume with the same overrides, see checkpoints/manifest.yaml)"
+            )
+        self.pipeline.load_state_dict(state)
 
     def configure_model(self) -> None:
         """Under ``trainer.strategy=fsdp`` (Lightning's ModelParallelStrategy sets the device mesh):
@@ -196,7 +236,13 @@ class ToolRouterModule(pl.LightningModule):
         cfg = self.optim_cfg
         groups = [{"params": [p for p in self.actor.parameters() if p.requires_grad], "lr": cfg.lr}]
         router_params = list(self.router_head.parameters()) if self.router_head is not None else []
-        if router_params and not self.router_cfg.separate_optimizer:
+        # Multi-process strategies train one optimizer (DeepSpeed accepts no other; DDP and FSDP
+        # match it so the four agree): there the router head is a group of it, whatever
+        # ``router.separate_optimizer`` says (documented with that key).
+        separate = self.router_cfg.separate_optimizer and not isinstance(
+            self.trainer.strategy, ParallelStrategy
+        )
+        if router_params and not separate:
             # the router keeps its own optimizer's settings as a group of the one optimizer
             groups.append({"params": router_params, "lr": self.router_cfg.lr, "weight_decay": 0.0})
         actor_opt = torch.optim.AdamW(
@@ -207,7 +253,7 @@ class ToolRouterModule(pl.LightningModule):
             actor_opt, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0
         )
         optimizers = [actor_opt]
-        if router_params and self.router_cfg.separate_optimizer:
+        if router_params and separate:
             optimizers.append(torch.optim.AdamW(router_params, lr=self.router_cfg.lr, weight_decay=0.0))
         return optimizers, [sched]
 
@@ -323,32 +369,49 @@ class ToolRouterModule(pl.LightningModule):
 
     # ------------------------------------------------------------------ training
     def training_step(self, batch: PromptBatch, batch_idx: int):
-        """One RL step, top to bottom.
+        """One RL step, top to bottom; each stage's wall time is logged as ``timing/<stage>_s``.
 
-        1. rollout: the pipeline's batch (generation, r_task and cost scored, r_router =
-           ``lagrangian_reward(r_task, cost, λ)``), put on the batch by the rollout callback;
-        2. actor advantages (loss module's estimator, or RLVCR's token advantages) and the
+        1. rollout: the pipeline generates, scores r_task and cost, and forms r_router =
+           ``algorithms.lagrange.lagrangian_reward(r_task, cost, λ)`` (with dynamic sampling or a
+           replay buffer it also decides what the loss sees);
+        2. advantages: the actor's (loss module's estimator, or RLVCR's token advantages) and the
            old / reference log-probs the losses need;
         3. router: advantages of r_router and its loss (``RouterPolicy.loss``), stepped with its
            own optimizer or riding on the actor's first backward;
-        4. actor losses and updates: PPO epochs × minibatches (only the last step counts), then the
-           router head's Polyak average (``router.ema_decay``) follows its stepped weights;
-        5. λ update: dual ascent on the window's mean cost (``update_lambda``).
+        4. actor: PPO epochs × minibatches of losses and updates (only the last step counts), then
+           the router head's Polyak average (``router.ema_decay``) follows its stepped weights;
+        5. λ: the controller's update on the window's mean cost (``LagrangeMultiplier.update``);
+        6. weight sync: an engine with its own copy of the weights (vLLM) and the replay workers
+           get the new weights.
         """
-        rb = _attached_rollout(batch)  # 1
-        t0 = time.perf_counter()
+        clock = _StageClock()
+        rb, scalars = self.pipeline_rollout(batch)  # 1
+        clock.lap("timing/rollout_s")
         groups = self._prompt_groups(rb)
         chunks = self._minibatches(len(rb), groups)
         inputs = self._loss_inputs(rb, len(chunks), groups)  # 2
+        clock.lap("timing/advantages_s")
         router_loss_value, metrics = self._router_update(rb)  # 3
+        clock.lap("timing/router_s")
         metrics.update(self._actor_updates(rb, inputs, chunks, router_loss_value))  # 4
         self.lr_schedulers().step()
         if self.router_head is not None and self.router_cfg.ema_decay > 0:
             metrics["train/router_ema_decay"] = self.router_head.update_average()
+        clock.lap("timing/actor_s")
         metrics["train/lambda"] = self.current_lambda()  # the λ this step's rollouts were scored with
         metrics.update(self.update_lambda(rb))  # 5
-        self._log_step(rb, metrics, time.perf_counter() - t0)
+        t_train = clock.since("timing/rollout_s")
+        if self.pipeline is not None:
+            self.pipeline.sync_weights(self, self.global_step)  # 6
+        clock.lap("timing/weight_sync_s")
+        self._log_step(rb, {**metrics, **clock.laps}, t_train, scalars)
         return {"loss": torch.tensor(metrics.get("train/pg_loss", 0.0)), "rollout": rb}
+
+    def pipeline_rollout(self, batch: PromptBatch) -> tuple[RolloutBatch, dict[str, float]]:
+        """(the step's rollouts, the pipeline's scalars), sampled under the seed of (seed, step)."""
+        if self.pipeline is None:
+            raise RuntimeError("ToolRouterModule has no rollout pipeline (pipeline=...): it cannot train")
+        return self.pipeline.rollout(batch.records, self.global_step, self.current_lambda())
 
     def update_lambda(self, rb: RolloutBatch) -> dict[str, float]:
         """λ's one update, from this step's router costs summed over every rank. Scalars to log."""
@@ -363,14 +426,15 @@ class ToolRouterModule(pl.LightningModule):
         )
         # summed every step, so the window is the same on every rank (DDP broadcasts buffers)
         totals = self.trainer.strategy.reduce(step_totals, reduce_op="sum")
-        return lambda_window_step(
-            self.lagrange_lambda, self.lagrange_window, self.lagrange_controller, totals, self.dual
-        )
+        return self.lagrange.update(totals)
 
     def validation_step(self, batch: PromptBatch, batch_idx: int):
-        """Logs the ``val/`` twins of the rollout scalars (rollouts from the RolloutCallback). The
-        router alone is read on the whole held-out split (``HeldOutRoutingLogger``), not per batch."""
-        rb = _attached_rollout(batch)
+        """Validation rollouts from the pipeline (greedy, the router's averaged argmax route) and
+        their ``val/`` scalars. The router alone is read on the whole held-out split
+        (``HeldOutRoutingLogger``), not per batch."""
+        if self.pipeline is None:
+            raise RuntimeError("ToolRouterModule has no rollout pipeline (pipeline=...): it cannot validate")
+        rb = self.pipeline.evaluate(batch.records, self.global_step, self.current_lambda())
         metrics = all_rank_rollout_metrics(rb, prefix="val")
         self._warn_non_finite(metrics)
         self.log_dict(metrics, on_step=False, on_epoch=True, logger=True, batch_size=len(rb))
@@ -385,7 +449,7 @@ class ToolRouterModule(pl.LightningModule):
         prompt_logits = self.router_logits(r.prompt_ids, r.prompt_mask, grad=True)
         loss, parts = self.router_head.loss(prompt_logits, r, rb.uids, self.global_step)
         metrics = {f"train/router_{k}": float(v) for k, v in parts.items()}
-        metrics["train/router_loss"] = float(loss)
+        metrics["train/router_loss"] = float(loss.detach())
         metrics["train/router_entropy_coef"] = self.router_head.entropy_coef(self.global_step)
         if router_opt is not None:
             router_opt.zero_grad()
@@ -471,7 +535,10 @@ class ToolRouterModule(pl.LightningModule):
             parts["train/kl"] = kl.detach()
         return loss, parts
 
-    def _log_step(self, rb: RolloutBatch, metrics: dict[str, float], t_train: float) -> None:
+    def _log_step(self, rb: RolloutBatch, metrics: dict[str, float], t_train: float, scalars: dict) -> None:
+        """The step's scalars; ``scalars`` are the pipeline's (curriculum, dynamic sampling)."""
+        if scalars:
+            self.log_dict(scalars, on_step=True, logger=True)
         actor_opt, _ = self._optimizers()
         gen = rb.metrics.get("timing/generation_s", 0.0) + rb.metrics.get("timing/scoring_s", 0.0)
         t_total = t_train + gen
@@ -497,8 +564,25 @@ class ToolRouterModule(pl.LightningModule):
             log.warning("metric %s is %s at step %d", name, value, self.global_step)
 
 
-def _attached_rollout(batch: PromptBatch) -> RolloutBatch:
-    rb = batch.rollout
-    if rb is None:
-        raise RuntimeError("no rollout on the batch: the RolloutCallback must run before the step")
-    return rb
+def _rename_old_lambda_keys(state_dict, prefix, *args) -> None:
+    """Checkpoints written before λ's state moved into ``LagrangeMultiplier`` load too."""
+    for old, new in OLD_LAMBDA_KEYS.items():
+        if prefix + old in state_dict:
+            state_dict[prefix + new] = state_dict.pop(prefix + old)
+
+
+class _StageClock:
+    """Wall time of a step's stages: ``lap(name)`` records the time since the previous lap."""
+
+    def __init__(self):
+        self.start = self.last = time.perf_counter()
+        self.laps: dict[str, float] = {}
+        self.marks: dict[str, float] = {}
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.laps[name], self.marks[name], self.last = now - self.last, now, now
+
+    def since(self, name: str) -> float:
+        """Seconds from the end of stage ``name`` until now."""
+        return time.perf_counter() - self.marks[name]

@@ -35,7 +35,7 @@ def trim_reason(model, prompt_mask: torch.Tensor) -> str | None:
     config = getattr(model, "config", None)
     if getattr(config, "model_type", None) not in SUPPORTED_MODEL_TYPES:
         return f"model_type {getattr(config, 'model_type', None)!r}"
-    from src.rollout.engines.sharding import sharding_of
+    from src.rollout.engines.hf import sharding_of
 
     if sharding_of(model) is not None:  # FSDP2 / ZeRO-3 gather a layer's weights in its own forward
         return "sharded weights"

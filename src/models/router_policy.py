@@ -1,9 +1,8 @@
 """The router as one unit: its head (prompt hidden states -> 3 logits), its loss and its entropy
-schedule; and λ's windowed update (``lambda_window_step``) on the tensors that hold λ's state.
+schedule (λ's state and update are ``src.algorithms.lagrange``).
 
 Testable without a LightningModule: give it the backbone's hidden states of the prompts and the
-step's :class:`RouterRollout`. The module only runs the backbone, steps the optimizer and keeps
-λ and its window as checkpointed buffers.
+step's :class:`RouterRollout`. The module only runs the backbone and steps the optimizer.
 """
 
 from __future__ import annotations
@@ -13,12 +12,8 @@ from contextlib import nullcontext
 
 import torch
 
-from src.algorithms.dual_update import DualState
-from src.algorithms.lagrange import window_lagrange_step
-from src.config.schema import DualSettings
 from src.algorithms.loss_module import advantage_fn
-from src.algorithms.losses import router_loss
-from src.algorithms.schedules import ema_warmup_decay, linear_decay
+from src.algorithms.losses import ema_warmup_decay, linear_decay, router_loss
 from src.config.schema import RouterHeadConfig
 from src.rollout.batch import RouterRollout
 from src.router.head import RouterHead
@@ -128,37 +123,3 @@ def _gathered(weights: list[torch.Tensor]):
     import deepspeed
 
     return deepspeed.zero.GatheredParameters(weights, modifier_rank=None)
-
-
-def lambda_window_step(
-    lam: torch.Tensor,
-    window: torch.Tensor,
-    controller: torch.Tensor,
-    step_totals: torch.Tensor,
-    dual: DualSettings,
-) -> dict[str, float]:
-    """Add one step's [cost sum, reward sum, count] (over every rank) to ``window`` [4] (its last
-    entry counts steps); every ``dual.lambda_every_k`` steps move ``lam`` by the controller
-    (``window_lagrange_step``), whose memory ``controller`` [5] holds (integral, cost average, P, D,
-    updates so far: the average exists from the first update on), and empty the window. Updates the
-    three tensors in place; returns the scalars to log."""
-    window[:3] += step_totals.to(window)
-    window[3] += 1
-    if int(window[3]) % max(int(dual.lambda_every_k), 1):
-        return {}
-    integral, cost_avg, p, d, updates = (float(v) for v in controller)
-    cost_avg = cost_avg if updates else float("nan")  # DualState's "no average yet"
-    state = DualState(lam=float(lam), integral=integral, cost_avg=cost_avg, p=p, d=d)
-    new, scalars = window_lagrange_step(state, window[:3], dual)
-    lam.fill_(new.lam)
-    memory = [new.integral, new.cost_avg, new.p, new.d, updates + 1]
-    controller.copy_(torch.tensor(memory, dtype=controller.dtype))
-    window[:3] = 0
-    return scalars
-
-
-def initial_controller(lambda_init: float) -> torch.Tensor:
-    """The controller's memory before any update: integral = λ_init, no cost average (0 updates).
-
-    No NaN in a buffer: checkpoints and weight comparisons stay plain numbers."""
-    return torch.tensor([float(lambda_init), 0.0, 0.0, 0.0, 0.0], dtype=torch.float64)

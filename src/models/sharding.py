@@ -1,5 +1,5 @@
 """FSDP2 sharding of the policy: what ``ToolRouterModule.configure_model`` applies under
-``trainer.strategy=fsdp`` (generation under sharding: ``src.rollout.engines.sharding``)."""
+``trainer.strategy=fsdp`` (generation under sharding: ``src.rollout.engines.hf.sharding_of``)."""
 
 from __future__ import annotations
 

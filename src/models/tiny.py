@@ -12,9 +12,11 @@ import hashlib
 import json
 import logging
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Iterable
+
+from src.config.schema import TinyModelSpec
 
 log = logging.getLogger(__name__)
 
@@ -45,25 +47,12 @@ CHATML_TEMPLATE = (
 )
 
 
-@dataclass(frozen=True)
-class TinyModelSpec:
-    """Shape of the embedded default model (a Qwen2 config)."""
+def spec_fingerprint(spec: TinyModelSpec) -> str:
+    """The cache key of a ``TinyModelSpec`` (declared in ``src.config.schema``, the ``model.tiny`` node)."""
+    from src.datamodules.synthetic import GENERATOR_VERSION
 
-    vocab_size: int = 4096
-    hidden_size: int = 128
-    num_hidden_layers: int = 2
-    num_attention_heads: int = 4
-    num_key_value_heads: int = 2
-    intermediate_size: int = 256
-    max_position_embeddings: int = 2048
-    seed: int = 0
-    corpus_rows: int = 2000
-
-    def fingerprint(self) -> str:
-        from src.datamodules.synthetic import GENERATOR_VERSION
-
-        key = {**asdict(self), "corpus_version": GENERATOR_VERSION}
-        return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
+    key = {**asdict(spec), "corpus_version": GENERATOR_VERSION}
+    return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
 
 
 def build_tiny_tokenizer(corpus: Iterable[str], vocab_size: int = 4096):
@@ -149,7 +138,7 @@ def ensure_tiny_model(cache_dir: str | os.PathLike, spec: TinyModelSpec | None =
     from src.atomic_files import atomic_dir, discard_if_broken, hf_model_dir_intact
 
     spec = spec or TinyModelSpec()
-    target = Path(cache_dir).expanduser() / f"tiny-qwen2-{spec.fingerprint()}"
+    target = Path(cache_dir).expanduser() / f"tiny-qwen2-{spec_fingerprint(spec)}"
     if discard_if_broken(target, hf_model_dir_intact):
         return target
     log.info("building the embedded tiny model at %s", target)

@@ -1,11 +1,24 @@
-"""Pick the rule reward by ``data_source`` (rlla -> XML, rlla_gpt -> harmony)."""
+"""Pick the rule reward by ``data_source`` (rlla -> XML, rlla_gpt -> harmony), and check that
+rewards are finite: one NaN turns its whole GRPO group's advantages into NaN."""
 
 from __future__ import annotations
 
 import importlib
+import math
+from collections.abc import Iterable, Sequence
 from typing import Callable
 
-from src.rewards.types import RewardBreakdown, RewardConfig
+from src.config.schema import RewardConfig
+from src.rewards.rlla import RewardBreakdown
+
+__all__ = [
+    "NonFiniteRewardError",
+    "check_finite_rewards",
+    "response_format",
+    "reward_fn",
+    "row_problem",
+    "score",
+]
 
 _REWARD_MODULES = {"rlla": "src.rewards.rlla", "rlla_gpt": "src.rewards.gpt_oss"}
 _FORMATS = {"rlla": "xml", "rlla_gpt": "harmony"}
@@ -44,3 +57,34 @@ def row_problem(data_source: str, ground_truth: str) -> str | None:
         return "unknown_data_source"
     module = importlib.import_module(_REWARD_MODULES[data_source])
     return None if module.ground_truth_ok(ground_truth) else "unparseable_ground_truth"
+
+
+# ---------------------------------------------------------------------------- finite rewards
+_MAX_LISTED = 10
+
+
+class NonFiniteRewardError(ValueError):
+    """A rollout's reward is NaN or infinite; the message names the rollouts' uids."""
+
+
+def check_finite_rewards(rewards: Iterable[float], uids: Sequence[str], what: str = "reward") -> None:
+    """Raise :class:`NonFiniteRewardError` naming every rollout whose reward is not finite.
+
+    Args:
+        rewards: one reward per rollout, shape (N,) — floats, or anything with ``tolist()``
+            (a 1-D tensor or array).
+        uids: the prompt/seed uid of each rollout, length N (G rollouts of a group share one).
+        what: how the message names the values ("reward", "router reward", ...).
+    """
+    values = rewards.tolist() if hasattr(rewards, "tolist") else list(rewards)
+    if len(values) != len(uids):
+        raise ValueError(f"{len(values)} {what}s for {len(uids)} rollout uids; expected one uid per {what}")
+    bad = [(i, uid, v) for i, (uid, v) in enumerate(zip(uids, values)) if not math.isfinite(float(v))]
+    if not bad:
+        return
+    listed = ", ".join(f"uid {uid!r} (rollout {i}: {v})" for i, uid, v in bad[:_MAX_LISTED])
+    more = f" and {len(bad) - _MAX_LISTED} more" if len(bad) > _MAX_LISTED else ""
+    raise NonFiniteRewardError(
+        f"non-finite {what} for {len(bad)} of {len(values)} rollouts: {listed}{more}; "
+        "a NaN or infinite reward would poison its group's advantages"
+    )

@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
+from src.config.schema import RewardConfig
 from src.formats.harmony import (
     CALL,
     END,
@@ -42,8 +43,7 @@ from src.formats.harmony import (
     parse_harmony,
     tool_calls_of,
 )
-from src.rewards.rlla import combine_parts, correctness_range, tool_call_score
-from src.rewards.types import RewardBreakdown, RewardConfig
+from src.rewards.rlla import RewardBreakdown, combine_parts, correctness_range, tool_call_score
 
 __all__ = ["RewardBreakdown", "RewardConfig", "compute_score", "format_ok", "normalize_response"]
 

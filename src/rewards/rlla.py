@@ -13,8 +13,21 @@ Parts (defaults):
     length       0..1   <think> word count / 512 (only with ``with_length``)
 
 Every reading is a linear scan (``str.find`` / ``partition``): ToolRL's lazy ``.*?`` layout regexes
-are quadratic to cubic on degenerate responses (see :mod:`src.rewards.layout`); the answers are
+are quadratic to cubic on degenerate responses (see ``matches_layout`` below); the answers are
 identical (tests/rewards/test_parity_fuzz.py compares against a copy of the regex version).
+
+Layouts (``matches_layout``): linear-time matching of "literal, anything, literal, ..., literal"
+layouts. ToolRL checks a response's tag layout with patterns such as
+``^<think>.*?</think>\\n<tool_call>\\n.*?\\n</tool_call>$`` (``re.DOTALL``). A backtracking
+engine tries every occurrence of each inner literal against every occurrence of the next one,
+which is quadratic to cubic on degenerate text (``<think>`` then thousands of repeated
+``</think>\\n<tool_call>\\n``): a 1 MB model output would stall a training step for minutes.
+
+Such a pattern matches exactly when the text starts with the first literal, ends with the last
+one (Python's ``$`` also accepts one trailing ``"\\n"``) and the inner literals occur in order,
+without overlapping, in between. Taking the earliest occurrence of each inner literal is never
+worse than a later one (every constraint after it is "starts at or after"), so one left-to-right
+pass of ``str.find`` decides it: O(len(text)) for the fixed, short literals used here.
 """
 
 from __future__ import annotations
@@ -22,10 +35,11 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from src.rewards.layout import matches_layout
-from src.rewards.types import RewardBreakdown, RewardConfig
+from src.config.schema import RewardConfig
 
 __all__ = [
     "RewardBreakdown",
@@ -37,6 +51,7 @@ __all__ = [
     "format_range",
     "length_reward",
     "match_score",
+    "matches_layout",
     "tool_call_score",
     "parse_tool_block",
 ]
@@ -47,6 +62,16 @@ FORMAT_RANGE = (1.0, 0.0)
 CORRECTNESS_RANGE = (3.0, -3.0)
 CORRECTNESS_RANGE_MAX1 = (1.0, -1.0)
 LENGTH_RANGE = (1.0, 0.0)
+
+
+@dataclass(frozen=True)
+class RewardBreakdown:
+    """One scored response: total = format + correctness + length."""
+
+    total: float
+    format: float
+    correctness: float
+    length: float
 
 
 class GroundTruthError(ValueError):
@@ -264,3 +289,34 @@ def _correctness(response: str, ground_truth: str, step: int, config: RewardConf
         return tool_call_score(gt_tools, parse_tool_block(response), hi, lo, config)
     except Exception:  # any malformed prediction scores the minimum, as in ToolRL
         return lo
+
+
+# ---------------------------------------------------------------------------- layouts
+def matches_layout(text: str, literals: Sequence[str]) -> bool:
+    """Same answer as ``re.search("^" + ".*?".join(map(re.escape, literals)) + "$", text, re.DOTALL)``.
+
+    Args:
+        text: the string to test (any length).
+        literals: at least two literal strings; ``.*?`` (any text, newlines included) sits
+            between each consecutive pair.
+    """
+    if len(literals) < 2:
+        raise ValueError(f"a layout needs at least two literals, got {len(literals)}")
+    first, *inner, last = literals
+    if not text.startswith(first):
+        return False
+    pos = len(first)
+    for literal in inner:
+        found = text.find(literal, pos)
+        if found < 0:
+            return False
+        pos = found + len(literal)
+    return _ends_with_at_or_after(text, last, pos)
+
+
+def _ends_with_at_or_after(text: str, last: str, pos: int) -> bool:
+    """Does ``last`` end the text (or precede its one final newline) starting at or after ``pos``?"""
+    if text.endswith(last) and len(text) - len(last) >= pos:
+        return True
+    # ``$`` without MULTILINE also matches just before a newline that ends the string
+    return text.endswith(last + "\n") and len(text) - len(last) - 1 >= pos

@@ -17,9 +17,8 @@ from typing import Any
 
 import torch
 
-from src.datamodules.curriculum import ACTIVE, GRADUATED, CurriculumState
-from src.datamodules.lessons import LessonPools
-from src.rollout.engines.types import SamplingParams
+from src.config.sampling import SamplingParams
+from src.datamodules.curriculum import ACTIVE, GRADUATED, CurriculumState, LessonPools
 from src.rollout.pipeline import CollectFn, StepPrompts
 
 log = logging.getLogger(__name__)

@@ -23,10 +23,9 @@ from typing import Any
 
 import torch
 
-from src.algorithms.advantages import group_ids
 from src.algorithms.dynamic_sampling import live_groups, select_live_rows
-from src.rollout.batch import RolloutBatch
-from src.rollout.batch_groups import join, take_rows
+from src.algorithms.loss_module import group_ids
+from src.rollout.batch import RolloutBatch, join, take_rows
 
 # (step, k, n, uids to skip) -> up to n training records
 RefillDrawFn = Callable[[int, int, int, Collection[Any]], list[dict[str, Any]]]

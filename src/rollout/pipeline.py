@@ -12,7 +12,7 @@ The pipeline is the only thing that produces a step's :class:`RolloutBatch`:
 4. the **buffer** decides what the loss sees (``NoBuffer``: the fresh rollouts; ``LocalReplay`` /
    ``WorkerReplay``: a draw from the replay buffer, filled locally or by Ray workers).
 
-``sync_weights`` is the one weight-sync point: after every optimizer step and at fit start (which
+``sync_weights`` is the one weight-sync point: stage 6 of ``training_step`` and at fit start (which
 covers a resume: Lightning restores the weights before ``on_fit_start``). An engine that holds its
 own copy of the weights (``engine.needs_weight_sync``, vLLM) gets ``update_weights(state_dict)``;
 the buffer pushes to its workers on its own cadence.
@@ -26,11 +26,10 @@ from typing import Any, Protocol
 
 import torch
 
-from src.datamodules.refill import refill_seed
-from src.rollout.batch import RolloutBatch
+from src.config.sampling import SamplingParams
+from src.datamodules.position import refill_seed
+from src.rollout.batch import Collector, CollectRequest, RolloutBatch
 from src.rollout.dynamic_refill import DynamicSampling, refill
-from src.rollout.engines.types import SamplingParams
-from src.rollout.request import Collector, CollectRequest
 
 CollectFn = Callable[[list[dict[str, Any]], SamplingParams | None], RolloutBatch]
 
@@ -210,5 +209,14 @@ class RolloutPipeline:
         return {"source": self.source.state_dict(), "buffer": self.buffer.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Raises ValueError when the checkpoint's source or buffer is not this run's kind (e.g. a
+        curriculum's state resumed without the curriculum): it would silently restart from scratch."""
+        for part, target in (("source", self.source), ("buffer", self.buffer)):
+            if set(state[part]) != set(target.state_dict()):
+                raise ValueError(
+                    f"the checkpoint holds a rollout {part} state ({sorted(state[part])}) this run's "
+                    f"{type(target).__name__} does not have; resume with the same overrides "
+                    "(checkpoints/manifest.yaml: resume_command)"
+                )
         self.source.load_state_dict(state["source"])
         self.buffer.load_state_dict(state["buffer"])

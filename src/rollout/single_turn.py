@@ -1,16 +1,19 @@
 """Single-turn rollouts: route (optional), generate G responses per prompt, score, cost.
 
-Orchestration only: ``collect`` is route -> routed prompts -> generate -> score -> assemble, each a
-function of its own; per-prompt router facts come from ``src.router.context``, routing from
-``src.rollout.routing``, decoding and scoring from ``src.rollout.responses`` (inference uses the
-same three).
+Orchestration: ``collect`` is route -> routed prompts -> generate -> score -> assemble, each a
+function of its own; per-prompt router facts come from ``src.router.routes``. The route decisions
+and routed prompts (the router half of a single-turn rollout) and the decoding and scoring of
+generated responses (text, reward parts, tool usage and cost of each row; scored only when given
+ground truths) are here too, shared with inference.
+
+Rows are prompt-major: P prompts × ``copies`` gives N = P·copies rows, row i from prompt i // copies.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
@@ -18,19 +21,148 @@ from typing import Any
 import torch
 
 from src.algorithms.lagrange import lagrangian_reward
-from src.config.groups import RouterConfig
-from src.rewards.finite import check_finite_rewards
-from src.rollout.batch import RolloutBatch, RouterRollout, assemble_sequences
-from src.rollout.engines.types import Completions, RolloutEngine, SamplingParams, left_pad
-from src.rollout.request import CollectRequest
-from src.rollout.responses import ResponseScorer, ScoredResponse, decode_response
-from src.rollout.routing import ROUTE_NAMES, RouteDecision, decide_routes, routed_prompts, router_logits
-from src.router.context import PromptContext, record_context
-from src.router.routes import weak_label_index
-
-__all__ = ["ROUTE_NAMES", "SingleTurnCollector", "decode_response"]
+from src.config.sampling import SamplingParams
+from src.config.schema import RouterConfig
+from src.rewards.dispatch import check_finite_rewards, score
+from src.rewards.rlla import RewardBreakdown, RewardConfig
+from src.rollout.batch import CollectRequest, RolloutBatch, RouterRollout, assemble_sequences
+from src.rollout.engines.types import Completions, RolloutEngine, left_pad
+from src.router.families import ToolFamilies
+from src.router.head import RouterHead
+from src.router.routes import (
+    PromptContext,
+    Route,
+    parse_route,
+    record_context,
+    response_usage,
+    routed_messages,
+    weak_label_index,
+)
+from src.router.usage import ToolUsage
 
 log = logging.getLogger(__name__)
+
+ROUTE_NAMES = tuple(r.label for r in Route)  # ("answer", "search", "calculate")
+
+LogitsFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass
+class RouteDecision:
+    """logits [P, 3] float (CPU); action [N] long; log_prob [N] float (of ``action`` under logits)."""
+
+    logits: torch.Tensor
+    action: torch.Tensor
+    log_prob: torch.Tensor
+
+    @property
+    def probs(self) -> torch.Tensor:
+        """[P, 3] route probabilities (answer, search, calculate)."""
+        return torch.softmax(self.logits.float(), dim=-1)
+
+    def names(self) -> list[str]:
+        return [ROUTE_NAMES[int(a)] for a in self.action]
+
+
+def router_logits(
+    logits_fn: LogitsFn, prompt_ids: Sequence[list[int]], pad_id: int, micro_batch: int | None = None
+) -> torch.Tensor:
+    """Router logits [P, 3] (float32, CPU) of P un-routed prompts, left-padded per micro-batch
+    (``micro_batch`` None: all P in one call)."""
+    step = len(prompt_ids) if micro_batch is None else max(1, int(micro_batch))
+    out = []
+    for start in range(0, len(prompt_ids), step):
+        ids, mask = left_pad(list(prompt_ids[start : start + step]), pad_id)
+        out.append(logits_fn(ids, mask).float().cpu())
+    return torch.cat(out)
+
+
+def decide_routes(
+    logits: torch.Tensor, copies: int, sample: bool, generator: torch.Generator | None = None
+) -> RouteDecision:
+    """One route per copy: ``copies`` rows per prompt, sampled (or argmax) from logits [P, 3]."""
+    out = RouterHead.act(logits.repeat_interleave(copies, dim=0), sample=sample, generator=generator)
+    return RouteDecision(logits, out.router_action, out.router_log_prob)
+
+
+def forced_routes(logits: torch.Tensor | None, routes: Sequence[Route | int | str]) -> RouteDecision:
+    """A decision that takes the given routes (one per prompt); log-probs from ``logits`` when known
+    (else 0 and logits all zero)."""
+    action = torch.tensor([int(parse_route(r)) for r in routes], dtype=torch.long)
+    if logits is None:
+        return RouteDecision(torch.zeros(len(routes), len(Route)), action, torch.zeros(len(routes)))
+    log_probs = torch.log_softmax(logits.float(), dim=-1)
+    return RouteDecision(logits, action, log_probs.gather(-1, action[:, None]).squeeze(-1))
+
+
+def routed_prompts(
+    encode: Callable[[list[dict[str, Any]]], list[int]],
+    contexts: Sequence[PromptContext],
+    routes: Sequence[int | None],
+    families: ToolFamilies,
+    mode: str,
+) -> tuple[list[list[dict[str, Any]]], list[list[int]]]:
+    """(messages, prompt ids) of each row: row i is ``contexts[i]`` under ``routes[i]`` (None: as given)."""
+    messages = [routed_messages(ctx, r, families, mode) for ctx, r in zip(contexts, routes)]
+    return messages, [encode(m) for m in messages]
+
+
+CostFn = Callable[[ToolUsage], float]
+
+
+@dataclass
+class ScoredResponse:
+    """One decoded response. reward is None when no ground truth was given (inference)."""
+
+    text: str
+    length: int
+    usage: ToolUsage
+    cost: float
+    reward: RewardBreakdown | None = None
+
+
+def decode_response(tokenizer, token_ids: list[int], drop_ids: set[int]) -> str:
+    """Assistant text of a completion: stop/pad tokens removed, other special tokens kept (harmony)."""
+    return tokenizer.decode([t for t in token_ids if t not in drop_ids], skip_special_tokens=False)
+
+
+def usage_cost(usage: ToolUsage, cost_fn: CostFn | None) -> float:
+    """The router's tool cost of one response; without a cost function, 1 if any tool was used."""
+    return float(cost_fn(usage)) if cost_fn is not None else float(usage.used_any_tool)
+
+
+@dataclass
+class ResponseScorer:
+    """Scores decoded responses of prompts described by :class:`PromptContext`."""
+
+    families: ToolFamilies
+    cost_fn: CostFn | None = None
+    reward_config: RewardConfig | None = None
+
+    def score_text(
+        self, text: str, length: int, ctx: PromptContext, ground_truth: str | None = None, step: int = 0
+    ) -> ScoredResponse:
+        usage = response_usage(text, ctx, self.families)
+        reward = None
+        if ground_truth is not None:
+            reward = score(ctx.data_source, text, ground_truth, step=step, config=self.reward_config)
+        return ScoredResponse(text, length, usage, usage_cost(usage, self.cost_fn), reward)
+
+    def score_tokens(
+        self,
+        tokenizer,
+        token_lists: Sequence[list[int]],
+        drop_ids: set[int],
+        contexts: Sequence[PromptContext],
+        ground_truths: Sequence[str] | None = None,
+        step: int = 0,
+    ) -> list[ScoredResponse]:
+        """One ScoredResponse per row: row i is ``token_lists[i]`` answering ``contexts[i]``."""
+        truths = ground_truths if ground_truths is not None else [None] * len(token_lists)
+        return [
+            self.score_text(decode_response(tokenizer, ids, drop_ids), len(ids), ctx, truth, step)
+            for ids, ctx, truth in zip(token_lists, contexts, truths)
+        ]
 
 
 @dataclass
@@ -183,7 +315,7 @@ class SingleTurnCollector:
             _, prompts = routed_prompts(
                 self.encode, row_contexts, decision.action.tolist(), self.families, self.router.prompt_mode
             )
-            completions = self.engine.generate(prompts, replace(sampling, n=1))
+            completions = self.engine.generate(prompts, replace(sampling, n_generations_per_prompt=1))
         return Generation(prompts, completions, time.perf_counter() - t0)
 
     def assemble(

@@ -29,8 +29,7 @@ from typing import Any
 import torch
 
 from src.formats.tools_block import tool_descriptions
-from src.rewards.rlla import compute_score, parse_tool_block
-from src.rewards.types import RewardConfig
+from src.rewards.rlla import RewardConfig, compute_score, parse_tool_block
 from src.router.families import CALCULATE, SEARCH, ToolFamilies
 from src.router.routes import Route, parse_route
 from src.router.usage import ToolUsage, tool_usage

@@ -5,6 +5,11 @@ No wasted work: generation stops on every EOS id; the sampling log-probs are rec
 prefilled once and its KV cache expanded to the G samples (``num_return_sequences`` alone would
 prefill every copy); prompt widths are bucketed; a static KV cache with compiled decoding is a
 setting (``cache_implementation=static``, ``compile=true``).
+
+Under sharded weights (FSDP2, DeepSpeed ZeRO-3) every forward gathers the weights it needs with a
+collective (the wrappers' forward hooks), so ranks whose sequences stop at different lengths would
+wait on each other forever: ``generate`` must keep every rank stepping until all are done
+(``synced_gpus``; ``generate_kwargs_under_sharding``).
 """
 
 from __future__ import annotations
@@ -14,12 +19,10 @@ from dataclasses import dataclass
 
 import torch
 
-from src.rollout.engines.hf_decode import DecodeStep, decode, positions
+from src.config.sampling import SamplingParams
+from src.rollout.engines.hf_decode import DecodeStep, decode, positions, sampling_log_probs, warped_log_probs
 from src.rollout.engines.hf_lean import log_fallback_once, unsupported_reason
-from src.rollout.engines.hf_sampling import SampledLogProbs
-from src.rollout.engines.logprobs import sampling_log_probs
-from src.rollout.engines.sharding import generate_kwargs_under_sharding, sharding_of
-from src.rollout.engines.types import Completions, SamplingParams, left_pad, mask_after_stop
+from src.rollout.engines.types import Completions, left_pad, mask_after_stop
 
 log = logging.getLogger(__name__)
 
@@ -42,10 +45,9 @@ class HFEngineSettings:
     cache_implementation: dynamic | static (static: fixed-shape KV cache, reusable compiled graphs).
     compile: compile the decoding forward (static cache only; on CPU too).
     cuda_graph: auto | true | false. With decode=lean on a CUDA device each decode step replays one
-        CUDA graph of the fixed-shape lean step (``hf_graph``; a GPU's eager step is bound by kernel
-        launches: 1.0 s instead of 5.3 s to generate 64 x 256 tokens with the 0.37 B bench model
-        on an H100, docs/benchmarks.md). auto: on where the model is on a CUDA device; true: a
-        CPU device is an error. Where the lean step falls back to the HF forward (LoRA, sharded
+        CUDA graph of the fixed-shape lean step (``hf_lean.GraphedStep``; a GPU's eager step is bound
+        by kernel launches, docs/benchmarks.md). auto: on where the model is on a CUDA device; true:
+        a CPU device is an error. Where the lean step falls back to the HF forward (LoRA, sharded
         weights, other models), decoding is eager.
     share_prefill: prefill each prompt once and expand its cache n times (dynamic cache only).
     pad_to_multiple_of: bucket the left-padded prompt width (1 = no bucketing).
@@ -277,3 +279,60 @@ class HFGenerateEngine:
             logits_to_keep=resp.shape[1] + 1,
         ).logits[:, :-1]
         return sampling_log_probs(logits, resp, sampling.temperature, sampling.top_p) * mask
+
+
+class SampledLogProbs:
+    """A ``generate`` logits processor that applies temperature and top-p and records log-probs.
+
+    It must be the last processor (``generate`` is called with temperature 1, top_p 1, top_k 0 so
+    that Hugging Face adds no warpers after it); the scores it returns are the log-probs of the
+    sampling distribution, which ``generate`` then samples from (softmax of log-probs = the same
+    distribution). Memory: one [N, V] buffer, not one per step. Token t is only known at the next
+    call (or at the end), so each call gathers the previous step's log-prob.
+    """
+
+    def __init__(self, temperature: float, top_p: float):
+        self.temperature = temperature
+        self.top_p = top_p
+        self._steps: list[torch.Tensor] = []
+        self._pending: torch.Tensor | None = None
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self._pending is not None:
+            self._steps.append(self._pending.gather(-1, input_ids[:, -1:]).squeeze(-1))
+        logp = warped_log_probs(scores, self.temperature, self.top_p)
+        self._pending = logp
+        return logp
+
+    def log_probs(self, response: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """[N, T] response tokens (and mask) -> [N, T] their log-probs, 0 where mask is 0.
+
+        ``generate`` may run steps beyond the returned length and undo them (deferred stop checks):
+        only the first T recorded steps are used.
+        """
+        t = response.shape[1]
+        steps = self._steps[:t]
+        if len(steps) < t and self._pending is not None:
+            steps.append(self._pending.gather(-1, response[:, len(steps) : len(steps) + 1]).squeeze(-1))
+        if len(steps) != t:
+            raise RuntimeError(f"recorded {len(steps)} sampling steps for {t} generated tokens")
+        logp = torch.stack(steps, dim=1) if steps else response.new_zeros(response.shape, dtype=torch.float)
+        return torch.where(mask.bool(), logp, torch.zeros_like(logp))
+
+
+def sharding_of(model: torch.nn.Module) -> str | None:
+    """``"fsdp2"``, ``"zero3"`` (parameters partitioned by DeepSpeed) or None (whole weights)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if isinstance(model, FSDPModule):
+        return "fsdp2"
+    if any(hasattr(p, "ds_id") for p in model.parameters()):
+        return "zero3"
+    return None
+
+
+def generate_kwargs_under_sharding(model: torch.nn.Module) -> dict:
+    """Extra ``generate`` kwargs for ``model``: under FSDP2 or ZeRO-3 every forward gathers the
+    weights with a collective, so every rank keeps stepping until all ranks' sequences are done
+    (``synced_gpus``); whole weights (one process, DDP, ZeRO-2) need nothing."""
+    return {"synced_gpus": True} if sharding_of(model) is not None else {}

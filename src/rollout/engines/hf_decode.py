@@ -17,14 +17,51 @@ step. This loop keeps the model's forward and replaces the rest:
 
 Nothing per step scales with the group size in Python; rows that stopped keep decoding padding
 until the check (their outputs are masked, as ``generate`` masks its own).
+
+The sampling distribution's log-probs (temperature, then nucleus top-p; ``warped_log_probs``,
+``sampling_log_probs``) are pure tensor math, shared by every HF decoder.
 """
 
 from __future__ import annotations
 
 import torch
 
-from src.rollout.engines.logprobs import warped_log_probs
-from src.rollout.engines.types import SamplingParams
+from src.config.sampling import SamplingParams
+
+
+def warped_log_probs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+    """Log-probs of the distribution sampled from: softmax(logits / temperature) cut to the nucleus.
+
+    Args:
+        logits: [..., V] raw scores; temperature > 0; top_p in (0, 1].
+    Returns:
+        [..., V] float32 log-probs, -inf outside the nucleus (the smallest set of most likely tokens
+        whose mass reaches top_p, the token crossing it included), renormalised over it.
+    """
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+    if top_p >= 1.0:
+        return logp
+    sorted_lp, order = logp.sort(dim=-1, descending=True)
+    probs = sorted_lp.exp()
+    drop_sorted = (probs.cumsum(-1) - probs) >= top_p
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    return torch.log_softmax(logp.masked_fill(drop, float("-inf")), dim=-1)
+
+
+def sampling_log_probs(
+    logits: torch.Tensor, tokens: torch.Tensor, temperature: float, top_p: float
+) -> torch.Tensor:
+    """Log-prob of ``tokens`` under the sampling distribution.
+
+    Args:
+        logits: [N, T, V] raw model logits aligned with tokens; tokens: [N, T].
+    Returns:
+        [N, T]; greedy decoding (temperature <= 0) gives 0 (probability 1).
+    """
+    if temperature <= 0:
+        return torch.zeros(tokens.shape, dtype=torch.float32, device=tokens.device)
+    logp = warped_log_probs(logits, temperature, top_p)
+    return logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
 
 def positions(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -138,7 +175,7 @@ def decode(
         lean: decode steps through ``hf_lean.LeanStep`` (the caller checked the model is supported)
             instead of the model's forward.
         cuda_graph: with ``lean``, each step replays one CUDA graph of the fixed-shape lean step
-            (``hf_graph``; the model on a CUDA device).
+            (``hf_lean.GraphedStep``; the model on a CUDA device).
     Returns:
         (tokens [P*n, T'], log_probs [P*n, T']) prompt-major, T' <= max_new_tokens (the loop ends
         once every row has stopped); after a row's stop token: ``step.pad_id`` and log-prob 0. Greedy
@@ -181,11 +218,10 @@ def hf_stepper(model, ids: torch.Tensor, attn: torch.Tensor, n: int, t_max: int)
 def lean_stepper(model, ids: torch.Tensor, attn: torch.Tensor, n: int, t_max: int, cuda_graph: bool = False):
     """As :func:`hf_stepper`, the prefill through the model once per prompt (its cache kept once per
     prompt), the decode steps through ``hf_lean.LeanStep`` (``cuda_graph``: its fixed-shape form,
-    replayed as one CUDA graph, ``hf_graph.GraphedStep``)."""
+    replayed as one CUDA graph, ``hf_lean.GraphedStep``)."""
     from transformers import DynamicCache
 
-    from src.rollout.engines.hf_graph import GraphedStep
-    from src.rollout.engines.hf_lean import LeanStep
+    from src.rollout.engines.hf_lean import GraphedStep, LeanStep
 
     cache = DynamicCache()
     logits = _prefill(model, ids, attn, cache)

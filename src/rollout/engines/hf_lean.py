@@ -1,24 +1,22 @@
 """A lean decode step for the Llama / Qwen2 family (``rollout.engines.hf.decode: lean``).
 
-On a small model on CPU one decode token through the HF forward spends a third of its time in
+On a small model on CPU one decode token through the HF forward spends much of its time in
 attention that reads every row's copy of the prompt's keys and values although the G samples of a
-prompt share them, and a fifth in ~160 small ops (mask creation, cache updates, RoPE and RMSNorm
-pieces); the rest is the linears (docs/benchmarks.md has the profile). This step computes the same function with plain tensor ops on the module's own
-parameters, read when the step is built (once per generate call, so weight updates between calls
-are live):
+prompt share them, and in many small ops (mask creation, cache updates, RoPE and RMSNorm pieces)
+besides the linears (docs/benchmarks.md has the profile). This step computes the same function
+with plain tensor ops on the module's own parameters, read when the step is built (once per
+generate call, so weight updates between calls are live):
 
 - q / k / v run as one product and gate / up as one (their weights concatenated once per call);
 - on CPU in fp32 every product runs through oneDNN on weights reordered once per call into its
   blocked layout (``torch.ops.mkldnn``, the kernels inductor's CPU linears use). A decode step
   reads every weight once and the model's ~25 MB do not stay in cache between steps, so each
-  product streams its weight from memory; oneDNN's kernels stream it ~2x faster than MKL's
-  sgemm at 16 rows (cold weights: gate / up 139 vs 312 us, the 8k x 256 LM head 482 vs 1051 us;
-  a whole decode step of the bench model 15-21 % faster, docs/benchmarks.md), and give the
-  [rows, out] result directly;
+  product streams its weight from memory; oneDNN's kernels stream it faster than MKL's sgemm at
+  a decode step's few rows (docs/benchmarks.md), and give the [rows, out] result directly;
 - elsewhere (CUDA, other dtypes, no oneDNN) every product runs as W [out, in] @ x^T on the
-  module's own weight, an [out, rows] result read through its transpose: at 16 rows with MKL this
-  orientation runs 1.25-2.3x faster than x @ W^T (``F.linear``); the LM head's [V, rows] logits are
-  copied once, into the [rows, V] rows the sampler reads;
+  module's own weight, an [out, rows] result read through its transpose: at a decode step's few
+  rows with MKL this orientation runs faster than x @ W^T (``F.linear``; docs/benchmarks.md); the
+  LM head's [V, rows] logits are copied once, into the [rows, V] rows the sampler reads;
 - the prompt's keys / values stay as the prefill wrote them, once per prompt ([P, kv, W, d]); the
   G samples' queries attend to them as one batch (G times less cache read per step), and to their
   own generated keys / values ([P, kv, G, T, d], written in place, one slot per step); one softmax
@@ -30,11 +28,22 @@ are live):
 With ``fixed_shape`` the step's shapes do not depend on the slot j (a 0-dim device tensor then):
 each row attends to all T_max of its own slots with those after j masked, and slot j is written by
 ``index_copy_``. It does more work than the sliced step (T_max own slots instead of j + 1), but one
-CUDA graph of it replays every step (``hf_graph``), which is what a GPU needs: there one decode
-token of a 0.37 B model is ~1,000 kernel launches, far more time than their arithmetic.
+CUDA graph of it replays every step (``GraphedStep``), which is what a GPU needs: there a decode
+token is a long run of small kernel launches, far more time than their arithmetic.
 
 It supports exactly what :func:`unsupported_reason` checks; anything else decodes through the HF
 forward (``hf_decode``), with the reason logged once.
+
+**One CUDA graph per generate call** (``rollout.engines.hf.cuda_graph``; ``GraphedStep``). On a GPU
+an eager decode step of a mid-sized model is bound by kernel launches, not arithmetic: each layer
+issues tens of small kernels per token, each a few microseconds of Python and driver work, while
+the step's bytes (its weights once) move in a fraction of that. Capturing the fixed-shape lean step
+(``LeanStep(fixed_shape=True)``) once per generate call and replaying it each step removes that
+cost (docs/benchmarks.md, "GPU"). The sampler stays eager (a handful of kernels on [rows, V]).
+
+The graph reads its inputs from two static buffers (the step's tokens and the slot j) and writes
+its logits to one static output, overwritten by the next replay: the decode loop reads each step's
+logits before it asks for the next.
 """
 
 from __future__ import annotations
@@ -279,3 +288,43 @@ class _Slot:
             return cache.index_copy_(3, at, new[:, :, :, None])
 
         return cls(step.cos.index_select(0, at)[0], step.sin.index_select(0, at)[0], write, own_bias)
+
+
+WARMUP_CALLS = 2  # eager calls on a side stream before capture (cuBLAS handles, workspaces, allocator)
+
+
+class GraphedStep:
+    """``step(tokens [rows], j: int) -> logits [rows, V]`` by replaying one captured graph of
+    ``fixed_step(tokens, j as a 0-dim device tensor)``; captured at the first call."""
+
+    def __init__(self, fixed_step, rows: int, device: torch.device):
+        if torch.device(device).type != "cuda":
+            raise ValueError(
+                f"rollout.engines.hf.cuda_graph=true needs the model on a CUDA device, not {device}"
+            )
+        self.fixed_step = fixed_step
+        self.tokens = torch.zeros(rows, dtype=torch.long, device=device)
+        self.j = torch.zeros((), dtype=torch.long, device=device)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.logits: torch.Tensor | None = None
+
+    def __call__(self, tokens: torch.Tensor, j: int) -> torch.Tensor:
+        self.tokens.copy_(tokens)
+        self.j.fill_(j)
+        if self.graph is None:
+            self._capture()
+        self.graph.replay()
+        return self.logits
+
+    def _capture(self) -> None:
+        # the warm-up calls run the step for real on the current inputs: they write slot j of the
+        # rows' own keys / values with the values the first replay writes again
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(WARMUP_CALLS):
+                self.fixed_step(self.tokens, self.j)
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.logits = self.fixed_step(self.tokens, self.j)

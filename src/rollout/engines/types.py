@@ -1,27 +1,14 @@
-"""What every rollout engine takes and returns: sampling settings, completions, the protocol."""
+"""What every rollout engine takes and returns: sampling settings (``src.config.sampling.SamplingParams``:
+``n`` completions per prompt, temperature 0 means greedy), completions, the protocol."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import torch
 
-
-@dataclass
-class SamplingParams:
-    """How to sample: ``n`` completions per prompt; temperature 0 means greedy.
-
-    ``min_new_tokens`` > 0 forbids the stop tokens before that many tokens (benchmarks ask for exactly
-    T new tokens with ``min_new_tokens = max_new_tokens``).
-    """
-
-    n: int = 1
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_new_tokens: int = 128
-    stop_token_ids: list[int] = field(default_factory=list)
-    min_new_tokens: int = 0
+from src.config.sampling import SamplingParams
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Episode collector: G multi-step episodes per seed record, packed into one ``RolloutBatch``.
 
-Orchestration only: the episode loop lives in ``loop.py``, prompts in ``prompts.py``.
+Orchestration only: the episode loop and its prompts live in ``loop.py``.
 """
 
 from __future__ import annotations
@@ -13,12 +13,10 @@ from typing import Any
 import torch
 
 from src.envs.base import EpisodeEnv
-from src.rewards.finite import check_finite_rewards
-from src.rollout.batch import RolloutBatch, assemble_sequences
+from src.rewards.dispatch import check_finite_rewards
+from src.rollout.batch import CollectRequest, RolloutBatch, assemble_sequences
 from src.rollout.engines.types import RolloutEngine
-from src.rollout.episodes.loop import Episode, EpisodeSettings, collect_groups
-from src.rollout.episodes.prompts import EpisodeTemplates
-from src.rollout.request import CollectRequest
+from src.rollout.episodes.loop import Episode, EpisodeSettings, EpisodeTemplates, collect_groups
 
 
 def pad_episodes(episodes: Sequence[Episode], pad_id: int) -> dict[str, torch.Tensor]:

@@ -32,9 +32,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from src.envs.base import EpisodeEnv
-from src.rollout.episodes.loop import EXIT_NOT_DONE, EpisodeSettings, observation_tokens
-from src.rollout.episodes.prompts import EpisodeTemplates, prompt_ids
-from src.rollout.rlvcr.format import LEVELS, format_step
+from src.rollout.episodes.loop import (
+    EXIT_NOT_DONE,
+    EpisodeSettings,
+    EpisodeTemplates,
+    observation_tokens,
+    prompt_ids,
+)
+from src.rollout.rlvcr.steps import LEVELS, format_step
 
 log = logging.getLogger(__name__)
 

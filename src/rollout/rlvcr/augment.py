@@ -31,30 +31,34 @@ from dataclasses import dataclass, replace
 import torch
 from omegaconf import OmegaConf
 
-from src.algorithms.advantages import group_ids
-from src.algorithms.rlvcr_advantage import (
+from src.algorithms.loss_module import group_ids
+from src.algorithms.rlvcr import (
+    QUALIFY_MODES,
     RlvcrParams,
     StepLevels,
     make_level_scores,
-    rlvcr_advantage,
-    rlvcr_metrics,
-)
-from src.algorithms.rlvcr_steps import (
-    QUALIFY_MODES,
     penalised_rewards,
     qualifying_episodes,
+    rlvcr_advantage,
+    rlvcr_metrics,
     scatter_step_advantages,
 )
-from src.config.groups import AlgorithmGroupConfig
-from src.config.schema import AlgorithmConfig
-from src.rollout.batch import RolloutBatch
-from src.rollout.engines.types import RolloutEngine, SamplingParams
-from src.rollout.episodes.prompts import EpisodeTemplates, stop_token_ids
-from src.rollout.request import CollectRequest
-from src.rollout.rlvcr.format import LEVELS
-from src.rollout.rlvcr.prompts import build_level_prompt, extract_level_thinking, level_tag
+from src.config.sampling import SamplingParams
+from src.config.schema import AlgorithmConfig, AlgorithmGroupConfig
+from src.rollout.batch import CollectRequest, RolloutBatch
+from src.rollout.engines.types import RolloutEngine
+from src.rollout.episodes.loop import EpisodeTemplates, stop_token_ids
 from src.rollout.rlvcr.scoring import ScoringGroup, score_level_groups
-from src.rollout.rlvcr.steps import StepReader, StepRef, scored_step, tag_ids
+from src.rollout.rlvcr.steps import (
+    LEVELS,
+    StepReader,
+    StepRef,
+    build_level_prompt,
+    extract_level_thinking,
+    level_tag,
+    scored_step,
+    tag_ids,
+)
 
 __all__ = [
     "RlvcrAugmenter",
@@ -217,7 +221,7 @@ class RlvcrAugmenter:
         prompts = [list(steps[i].history_ids) + suffix[k] for i, k in jobs]
         st = self.settings
         sampling = SamplingParams(
-            n=1,
+            n_generations_per_prompt=1,
             temperature=st.rlvcr_think_temperature,
             top_p=st.rlvcr_think_top_p,
             max_new_tokens=st.rlvcr_think_max_new_tokens,
@@ -260,7 +264,7 @@ class RlvcrAugmenter:
         scoring: LevelScoring,
         qualifies: torch.Tensor,
     ):
-        """``rlvcr_advantage`` over the batch's steps (see ``src.algorithms.rlvcr_advantage``)."""
+        """``rlvcr_advantage`` over the batch's steps (see ``src.algorithms.rlvcr``)."""
         st = self.settings
         levels = StepLevels(
             torch.tensor([s.row for s in steps], dtype=torch.long),

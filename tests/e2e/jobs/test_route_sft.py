@@ -1,0 +1,100 @@
+"""Route-following warm-start examples, the SFT progress log and the router's progress-bar postfix."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+
+from src.callbacks.progress import eta_seconds, router_postfix
+from src.datamodules.schema import extract_records
+from src.datamodules.synthetic import TOOLS, generate_rlla_rows
+from src.jobs.route_sft import DIRECT_ANSWER_XML, route_following_examples
+from src.rewards.rlla import compute_score, parse_tool_block
+from src.router.families import ToolFamilies
+from src.router.routes import weak_label
+
+
+def _listed(messages) -> list[str]:
+    system = messages[0]["content"]
+    return [line.split("Name: ", 1)[1] for line in system.split("\n") if ". Name: " in line]
+
+
+def test_every_row_under_every_route_with_route_following_targets():
+    df = generate_rlla_rows(30, seed=3, p_search=1, p_calculate=1, p_answer=1, low_gain=0.5)
+    records, _ = extract_records(df, "synthetic")
+    families = ToolFamilies()
+    dicts = [
+        {"messages": r.messages, "ground_truth": r.ground_truth, "data_source": r.data_source}
+        for r in records
+    ]
+    pairs = route_following_examples(dicts, families, mode="only_family")
+    assert len(pairs) == 3 * len(records)
+    for k, record in enumerate(records):
+        label = weak_label(
+            record.ground_truth, families, descriptions={t: TOOLS[t].description for t in TOOLS}
+        )
+        (ans_msgs, ans), (s_msgs, s), (c_msgs, c) = pairs[3 * k : 3 * k + 3]
+        assert "**Available Tools**" not in ans_msgs[0]["content"]
+        assert ans == (record.ground_truth if label == "ANSWER" else DIRECT_ANSWER_XML)
+        for family, msgs, target in (("search", s_msgs, s), ("calculate", c_msgs, c)):
+            listed = _listed(msgs)
+            assert listed and all(TOOLS[n].family == family for n in listed)  # only_family
+            (call,) = parse_tool_block(target)
+            assert call["name"] in listed  # the actor calls what the route lists
+            if label == family.upper():
+                assert target == record.ground_truth
+            else:  # misrouted: the request goes into the first parameter; a wrong call scores low
+                assert list(call["parameters"]) == [next(iter(TOOLS[call["name"]].parameters))]
+                assert compute_score(target, record.ground_truth).total <= 0.0
+            json.dumps(call)
+
+
+def test_router_postfix_shows_lambda_cost_against_budget_and_route_mix():
+    metrics = {
+        "train/reward_task_mean": 0.5,
+        "train/lambda": 1.25,
+        "train/cost_mean": 0.31,
+        "train/route_frac_answer": 0.5,
+        "train/route_frac_search": 0.25,
+        "train/route_frac_calculate": 0.25,
+        "train/route_acc_answer": 0.9,
+        "train/route_acc_family": float("nan"),
+    }
+    post = router_postfix(metrics, 0.3)
+    assert post == {"reward": "0.50", "λ": "1.25", "cost": "0.31/B0.30", "a/s/c": "0.50/0.25/0.25"}
+    assert router_postfix({"train/reward_task_mean": 1.0, "train/kl": 0.01}, None) == {
+        "reward": "1.00",
+        "kl": "0.01",
+    }
+
+
+def test_eta_is_the_mean_rate_times_the_steps_left():
+    assert math.isinf(eta_seconds(0, 10, 5.0))
+    assert eta_seconds(4, 10, 8.0) == 12.0 and eta_seconds(10, 10, 8.0) == 0.0
+
+
+def test_sft_progress_is_logged_with_step_loss_and_eta(tmp_path, caplog, tiny_model_dir):
+    import torch
+    from omegaconf import OmegaConf
+
+    from src.jobs.sft import train_on_examples
+    from src.models.loading import load_causal_lm, load_tokenizer
+
+    tok, model = load_tokenizer(tiny_model_dir), load_causal_lm(tiny_model_dir)
+    ids = tok("<think> hi </think>")["input_ids"]
+    examples = [{"input_ids": ids, "labels": ids} for _ in range(8)]
+    cfg = OmegaConf.create(
+        {
+            "seed": 0,
+            "run_dir": str(tmp_path),
+            "trainer": {"accelerator": "cpu", "precision": "32-true"},
+            "sft": {"max_steps": 4, "batch_size": 4, "lr": 1e-3, "log_every": 2, "seed": None},
+        }
+    )
+    torch.manual_seed(0)
+    with caplog.at_level(logging.INFO, logger="src.callbacks.progress"):
+        train_on_examples(cfg, model, tok, examples, None)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("SFT step")]
+    assert [line.split()[2] for line in lines] == ["2/4", "4/4"]
+    assert all("loss" in line and "ETA" in line for line in lines)

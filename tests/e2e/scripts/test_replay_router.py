@@ -1,0 +1,197 @@
+"""scripts/replay_router.py and src.jobs.router_replay: the router's learning replayed on a frozen
+actor's route table, with the real head, loss and λ controller."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from jobhelpers import REPO
+
+from src.config.schema import RouterConfig
+from src.jobs.router_replay import ReplayTable, replay
+
+
+def bandit_table(n: int, seed: int) -> ReplayTable:
+    """Prompts with a class-revealing input: 40 % ANSWER (answer pays 1, a tool 0), 30 % SEARCH and
+    30 % CALCULATE (answer -3, own family -1, other family -2); a tool route costs 1."""
+    g = torch.Generator().manual_seed(seed)
+    label = torch.multinomial(torch.tensor([0.4, 0.3, 0.3]), n, replacement=True, generator=g)
+    inputs = torch.nn.functional.one_hot(label, 3).float() + 0.3 * torch.randn(n, 3, generator=g)
+    reward = torch.zeros(n, 3)
+    reward[label == 0] = torch.tensor([1.0, 0.0, 0.0])
+    reward[label == 1] = torch.tensor([-3.0, -1.0, -2.0])
+    reward[label == 2] = torch.tensor([-3.0, -2.0, -1.0])
+    cost = torch.tensor([0.0, 1.0, 1.0]).expand(n, 3).clone()
+    return ReplayTable(inputs, reward, cost, label)
+
+
+@pytest.mark.parametrize("budget, ema_decay", [(0.3, 0.0), (0.5, 0.0), (0.3, 0.99)])
+def test_replay_holds_the_budget_and_routes_by_label(budget, ema_decay):
+    """Tools gain 2 over answer on tool prompts, so λ settles near 2 and the budget decides how many
+    tool prompts get a tool; ANSWER prompts stay on answer and tool routes take the own family.
+    With ``ema_decay`` the held-out figures are the head's Polyak average's, as a run's are."""
+    cfg = RouterConfig(
+        enable=True, pooling="tail", mlp_hidden=32, lr=3e-3, budget=budget, lambda_init=1.0,
+        lambda_lr=0.15, lambda_update="pid", lambda_kp=2.0, lambda_cost_ema=0.8,
+        entropy_coef=0.3, entropy_coef_final=0.1, entropy_decay_steps=200, norm_adv_by_std=False,
+        ema_decay=ema_decay,
+    )  # fmt: skip
+    out = replay(bandit_table(2048, 0), bandit_table(256, 1), cfg, seed=0, steps=400)
+    assert abs(out["cost_last50"] - budget) <= 0.05, out
+    assert out["train_acc_answer"] >= 0.9 and out["train_acc_family"] >= 0.9, out
+    assert out["test_acc_answer"] >= 0.9 and out["test_acc_family"] >= 0.9, out
+    # under the budget: a threshold calibrated on the 256 test prompts lets floor(B * 256) use a tool
+    assert out["test_budgeted_tool_rate"] == pytest.approx(int(budget * 256) / 256, abs=1 / 256), out
+    assert out["test_budgeted_acc_answer"] >= 0.9 and out["test_budgeted_acc_family"] >= 0.9, out
+    assert 1.0 < out["lambda_min"] <= out["lambda_max"] < 3.5, out
+
+
+def test_replay_table_shapes_are_checked():
+    with pytest.raises(ValueError, match="replay table shapes"):
+        ReplayTable(torch.zeros(4, 8), torch.zeros(4, 3), torch.zeros(4, 2), torch.zeros(4))
+
+
+def test_replay_script_on_a_real_run(router_run, tmp_path):
+    """The table comes from the run's checkpoint (router inputs equal what its head reads), is cached,
+    and one JSON line per seed comes back."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(router_run, run)
+    cmd = [sys.executable, str(REPO / "scripts" / "replay_router.py"), "--run", str(run), "--limit", "8"]
+    cmd += ["--seeds", "0,1", "--steps", "3", "router.budget=0.2"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [x["seed"] for x in lines] == [0, 1] and all("cost_last50" in x for x in lines)
+    for x in lines:  # greedy and budgeted verdicts; a NaN accuracy (no tool route) is a miss
+        assert isinstance(x["targets"], bool) and isinstance(x["targets_budgeted"], bool)
+        assert 0.0 <= x["test_budgeted_tool_rate"] <= 0.2 + 1e-9, x
+    train = torch.load(run / "replay" / "train-8.pt")
+    assert train["inputs"].shape[0] == 8 and train["reward"].shape == (8, 3)
+    assert set(train["cost"][:, 0].tolist()) == {0.0}  # the answer route calls no tool
+
+    from src.datamodules.schema import read_rlla_parquet
+    from src.jobs.build import data_files
+    from src.jobs.inference import load_router_policy
+
+    policy = load_router_policy(run, device="cpu")
+    records = read_rlla_parquet(data_files(policy.config)[0][0])[0][:8]
+    with torch.no_grad():
+        want = policy.route_logits([r.messages for r in records])
+        # inference routes with the head's Polyak average (router.ema_decay): the same MLP input
+        got = policy.module.router_head.pooled_logits(train["inputs"], averaged=True)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_replay_on_the_warm_starts_inputs(router_run, tmp_path):
+    """--inputs-from warm_start: the inputs are what the run's head reads from its SFT warm start
+    (not the final actor), the rewards and costs stay the run's; a missing model is a clear error."""
+    import shutil
+
+    from src.datamodules.schema import read_rlla_parquet
+    from src.jobs.build import data_files
+    from src.jobs.inference import load_router_policy
+    from src.jobs.router_replay import router_inputs
+    from src.jobs.warm_start import base_model_dir, model_dir
+    from src.models.loading import load_causal_lm
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    from replay_router import tables, with_inputs_from
+
+    run = tmp_path / "run"
+    shutil.copytree(router_run, run)
+    train, test = tables(run, 8)
+    warm_train, warm_test = with_inputs_from(run, "warm_start", train, test, 8)
+    assert torch.equal(warm_train.reward, train.reward) and torch.equal(warm_test.cost, test.cost)
+
+    policy = load_router_policy(run, device="cpu")
+    policy.module.actor.load_state_dict(load_causal_lm(model_dir(policy.config)).state_dict())
+    records = read_rlla_parquet(data_files(policy.config)[0][0])[0][:8]
+    torch.testing.assert_close(warm_train.inputs, router_inputs(policy, records))
+    # another backbone (the untrained base model the warm start was fitted from) reads differently
+    base_train, _ = with_inputs_from(run, str(base_model_dir(policy.config)), train, test, 8)
+    assert not torch.allclose(base_train.inputs, warm_train.inputs, atol=1e-3)
+
+    with pytest.raises(SystemExit, match="no model at"):
+        with_inputs_from(run, str(tmp_path / "nowhere"), train, test, 8)
+
+
+def test_pooling_overrides_re_pool_the_run_inputs(router_run, tmp_path):
+    """router.pooling / sif_a overrides re-pool the inputs from the run's final backbone: `tail` is the
+    plain mean of the last tail_tokens states; `sif` with another a weighs the same tokens otherwise."""
+    import dataclasses
+    import shutil
+
+    from src.config.schema import RouterConfig as Cfg
+    from src.datamodules.schema import read_rlla_parquet
+    from src.jobs.build import data_files
+    from src.jobs.inference import load_router_policy
+    from src.rollout.engines.types import left_pad
+    from src.router.head import prompt_representation
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    from replay_router import tables, with_pooling
+
+    run = tmp_path / "run"
+    shutil.copytree(router_run, run)
+    train, test = tables(run, 8)
+    policy = load_router_policy(run, device="cpu")
+    assert policy.config.router.pooling == "sif"  # the demo's: re-pooled below as a plain tail mean
+    router = dataclasses.replace(Cfg(**policy.config.router), pooling="tail")
+    tail_train, tail_test = with_pooling(run, router, train, test, 8)
+    assert torch.equal(tail_train.reward, train.reward) and torch.equal(tail_test.cost, test.cost)
+    records = read_rlla_parquet(data_files(policy.config)[0][0])[0][:8]
+    ids, mask = left_pad([policy.prompt_ids(r.messages) for r in records], policy.tokenizer.pad_token_id)
+    with torch.no_grad():
+        hidden = policy.module.router_hidden(ids, mask)
+    want = prompt_representation(hidden, mask, "tail", router.tail_tokens)
+    torch.testing.assert_close(tail_train.inputs, want)
+    other_a, _ = with_pooling(run, dataclasses.replace(router, pooling="sif", sif_a=1.0), train, test, 8)
+    assert not torch.allclose(other_a.inputs, train.inputs, atol=1e-4)
+
+
+def test_input_override_re_pools_from_the_base_models_embeddings(router_run, tmp_path):
+    """router.input=base_embeddings re-pools the inputs from the base model's embedding table (the
+    model before the warm start), SIF refitted on it; --inputs-from cannot be combined with it."""
+    import dataclasses
+    import shutil
+
+    from src.config.schema import RouterConfig as Cfg
+    from src.datamodules.schema import read_rlla_parquet
+    from src.jobs.build import data_files
+    from src.jobs.inference import load_router_policy
+    from src.jobs.router_pooling import base_input_embeddings, fit_sif_pooling
+    from src.jobs.warm_start import base_model_dir
+    from src.rollout.engines.types import left_pad
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    from replay_router import tables, with_pooling
+
+    run = tmp_path / "run"
+    shutil.copytree(router_run, run)
+    train, test = tables(run, 8)
+    policy = load_router_policy(run, device="cpu")
+    router = dataclasses.replace(Cfg(**policy.config.router), input="base_embeddings", hidden_layer=0)
+    base_train, _ = with_pooling(run, router, train, test, 8)
+    assert not torch.allclose(base_train.inputs, train.inputs, atol=1e-4)
+
+    # what a run with router.input=base_embeddings reads: SIF over the base table's rows
+    table = base_input_embeddings(base_model_dir(policy.config))
+    policy.module.actor.get_input_embeddings().weight.data.copy_(table)  # layer 0 of the base model
+    records = read_rlla_parquet(data_files(policy.config)[0][0])[0]
+    ids_all = [policy.prompt_ids(r.messages) for r in records]
+    fit_sif_pooling(policy.module, ids_all, policy.tokenizer.pad_token_id)
+    ids, mask = left_pad(ids_all[:8], policy.tokenizer.pad_token_id)
+    with torch.no_grad():
+        want = policy.module.router_head.represent(policy.module.router_hidden(ids, mask), mask, ids)
+    torch.testing.assert_close(base_train.inputs, want, atol=1e-5, rtol=1e-5)
+
+    cmd = [sys.executable, str(REPO / "scripts" / "replay_router.py"), "--run", str(run), "--limit", "8"]
+    cmd += ["--inputs-from", "warm_start", "router.input=base_embeddings"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode != 0 and "--inputs-from with router.pooling" in proc.stderr
