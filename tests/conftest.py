@@ -44,21 +44,35 @@ def tiny(tiny_model_dir):
     return load_causal_lm(tiny_model_dir), load_tokenizer(tiny_model_dir)
 
 
+def shared_run_root(tmp_path_factory, worker_id: str) -> Path:
+    """A folder every pytest-xdist worker of this test run shares (this session's own without xdist)."""
+    base = tmp_path_factory.getbasetemp()
+    return base if worker_id == "master" else base.parent
+
+
 @pytest.fixture(scope="session")
-def router_run_with_resume(tmp_path_factory):
+def router_run_with_resume(tmp_path_factory, worker_id):
     """A short router_grpo run (tiny SFT warm start): 4 steps, then resumed to 6.
 
     Returns (run_dir, the checkpoint dict at step 4). Shared by the router job, infer/evaluate and
-    notebook tests so the session trains it once.
+    notebook tests, trained once per test run: the first worker to need it trains it under a file
+    lock, the others wait and read it.
     """
+    import shutil
+
     import torch
+    from filelock import FileLock
     from jobhelpers import run_train
 
-    run_dir = tmp_path_factory.getbasetemp() / "shared_router_run"
-    run_train(*ROUTER_RUN_OVERRIDES, f"run_dir={run_dir}", "trainer.max_steps=4")
-    first = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
-    run_train(*ROUTER_RUN_OVERRIDES, f"run_dir={run_dir}", "trainer.max_steps=6", "resume=true")
-    return run_dir, first
+    root = shared_run_root(tmp_path_factory, worker_id)
+    run_dir, first = root / "shared_router_run", root / "shared_router_run_step4.ckpt"
+    with FileLock(str(root / "shared_router_run.lock")):
+        if not (root / "shared_router_run.done").exists():
+            run_train(*ROUTER_RUN_OVERRIDES, f"run_dir={run_dir}", "trainer.max_steps=4")
+            shutil.copy(run_dir / "checkpoints" / "last.ckpt", first)
+            run_train(*ROUTER_RUN_OVERRIDES, f"run_dir={run_dir}", "trainer.max_steps=6", "resume=true")
+            (root / "shared_router_run.done").touch()
+    return run_dir, torch.load(first, map_location="cpu", weights_only=False)
 
 
 @pytest.fixture(scope="session")
@@ -77,13 +91,28 @@ def one_torch_thread():
     torch.set_num_threads(before)
 
 
+# End-to-end modules that start several processes of their own (DDP / FSDP / DeepSpeed ranks, Ray
+# workers): under pytest-xdist they run one after another on one worker, never side by side.
+MULTIPROCESS_MODULES = {
+    "test_strategies_job.py",
+    "test_ddp_job.py",
+    "test_gpu_jobs.py",
+    "test_generate_under_sharding.py",
+    "test_replay_curriculum_jobs.py",
+}
+
+
 def pytest_collection_modifyitems(config, items):
-    """`gpu`-marked tests skip cleanly where CUDA is absent."""
+    """`gpu`-marked tests skip cleanly where CUDA is absent. Under pytest-xdist (``--dist
+    loadgroup``, as ``make test`` runs) each end-to-end module stays on one worker, so its
+    module-scoped runs are trained once; unit tests spread freely."""
     import torch
 
-    if torch.cuda.is_available():
-        return
     skip = pytest.mark.skip(reason="needs CUDA")
     for item in items:
-        if "gpu" in item.keywords:
+        if "gpu" in item.keywords and not torch.cuda.is_available():
             item.add_marker(skip)
+        path = Path(str(item.fspath))
+        if "e2e" in path.parts:
+            group = "multiprocess" if path.name in MULTIPROCESS_MODULES else path.stem
+            item.add_marker(pytest.mark.xdist_group(group))

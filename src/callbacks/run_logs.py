@@ -91,8 +91,8 @@ def truncate_rollouts(rollout_dir: str | os.PathLike, keep_below: int) -> int:
 
 
 def truncate_event_file(path: str | os.PathLike, keep_below: int) -> int:
-    """Rewrite one event file without the summaries at steps >= ``keep_below`` (and without a
-    truncated last record). Returns the number of events dropped; untouched when nothing goes."""
+    """Rewrite one event file without the summaries at steps >= ``keep_below`` but the validation's
+    at ``keep_below`` (and without a truncated last record). Returns the number of events dropped; untouched when nothing goes."""
     from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
     from tensorboard.compat.proto.event_pb2 import Event
     from tensorboard.summary.writer.record_writer import RecordWriter
@@ -115,8 +115,14 @@ def truncate_event_file(path: str | os.PathLike, keep_below: int) -> int:
 
 
 def _keep(event, keep_below: int) -> bool:
-    # file-version, graph and session events carry no scalars: keep them whatever their step
-    return not event.HasField("summary") or event.step < keep_below
+    # file-version, graph and session events carry no scalars: keep them whatever their step.
+    # At the resume step itself only the validation's points stay: that validation ran after the
+    # checkpoint was saved, from the same weights, and the resumed run does not run it again; the
+    # step's training points are logged again from the checkpoint (StepScalarCarry).
+    if not event.HasField("summary") or event.step < keep_below:
+        return True
+    values = event.summary.value
+    return event.step == keep_below and bool(values) and all(v.tag.startswith("val/") for v in values)
 
 
 def truncate_tensorboard(tb_dir: str | os.PathLike, keep_below: int) -> int:

@@ -168,7 +168,9 @@ class RlvcrAugmenter:
         groups = group_ids(batch.uids)
         raw = torch.tensor([float(ep.reward) for ep in episodes], dtype=torch.float32)
         n_bad = malformed_counts(steps, n)
-        rewards = penalised_rewards(raw, n_bad / executed_counts(steps, n).clamp(min=1), st.rlvcr_format_penalty)
+        rewards = penalised_rewards(
+            raw, n_bad / executed_counts(steps, n).clamp(min=1), st.rlvcr_format_penalty
+        )
         ep_ok = qualifying_episodes(raw, groups, st.rlvcr_qualify, st.rlvcr_qualify_threshold)
         qualifies = torch.tensor([qualifying_step(s, ep_ok) for s in steps], dtype=torch.bool)
         scoring = self.level_scores(steps, qualifies)
@@ -274,7 +276,11 @@ class RlvcrAugmenter:
             qualifies,
         )
         params = RlvcrParams(
-            st.cost_max, st.thinking_cost_alpha, st.step_advantage_w, eps=st.adv_eps, norm_by_std=st.norm_adv_by_std
+            st.cost_max,
+            st.thinking_cost_alpha,
+            st.step_advantage_w,
+            eps=st.adv_eps,
+            norm_by_std=st.norm_adv_by_std,
         )
         return rlvcr_advantage(rewards, groups, levels, params)
 
@@ -351,7 +357,8 @@ class RlvcrCollector:
 
 def algorithm_settings(algorithm) -> AlgorithmGroupConfig:
     """``cfg.algorithm`` (typed or plain) as its schema: the augmenter reads the config's own keys."""
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(AlgorithmGroupConfig), algorithm))
+    plain = OmegaConf.to_container(algorithm, resolve=True) if OmegaConf.is_config(algorithm) else algorithm
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(AlgorithmGroupConfig), plain))
 
 
 def make_rlvcr_collector(cfg, tokenizer, engine, module, inner) -> RlvcrCollector:

@@ -336,6 +336,24 @@ def test_truncate_event_file_keeps_earlier_steps_and_drops_a_torn_tail(tmp_path)
     assert path.stat().st_size > 0 and not list(path.parent.glob("*.tmp"))
 
 
+def test_truncate_event_file_keeps_the_validation_at_the_resume_step(tmp_path):
+    """The validation after the checkpointed step ran from the checkpoint's weights and is not run
+    again: its points stay, the step's training points go (they are logged again)."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(str(tmp_path / "tb"))
+    for s in range(5):
+        writer.add_scalar("train/x", float(s), s)
+        if s % 2:
+            writer.add_scalar("val/y", float(s), s)
+    writer.close()
+    (path,) = (tmp_path / "tb").glob("events.out.tfevents.*")
+    assert truncate_event_file(path, keep_below=3) == 2  # train/x at 3 and 4; val/y at 3 stays
+    wide = load_scalars(tmp_path, "tb")
+    assert wide["train/x"].dropna().index.tolist() == [0, 1, 2]
+    assert wide["val/y"].dropna().index.tolist() == [1, 3]
+
+
 def test_truncate_rollouts_and_remove_interrupted_writes(tmp_path):
     rollouts, ckpts = tmp_path / "rollouts", tmp_path / "checkpoints"
     rollouts.mkdir()
