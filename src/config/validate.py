@@ -77,21 +77,9 @@ def validate(cfg: DictConfig) -> None:
     problems = unknown_keys(cfg)
     if problems:  # the other checks assume the schema's keys
         raise ConfigError(problems)
-    for check in (
-        _job,
-        _sampling,
-        _algorithm,
-        _rollout,
-        _router,
-        _data,
-        _env,
-        _trainer,
-        _lengths,
-        replay_problems,
-        curriculum_problems,
-        dynamic_sampling_problems,
-        value_problems,
-    ):
+    groups = (_job, _sampling, _algorithm, _rollout, _router, _data, _env, _trainer, _lengths)
+    across = (replay_problems, curriculum_problems, dynamic_sampling_problems, value_problems)
+    for check in (*groups, *across):
         problems += check(cfg)
     if problems:
         raise ConfigError(problems)
@@ -333,7 +321,18 @@ def _lengths(cfg: DictConfig) -> list[str]:
             ]
     elif cfg.env.enable and cfg.env.token_budget > limit:
         return [f"env.token_budget={cfg.env.token_budget} exceeds the model's {limit} positions ({source})"]
-    return []
+    return _engine_lengths(cfg, limit, source)
+
+
+def _engine_lengths(cfg: DictConfig, limit: int, source: str) -> list[str]:
+    """Every engine's ``max_model_len`` within the model's positions (an engine refuses it late)."""
+    lengths = {name: node.get("max_model_len") for name, node in (cfg.rollout.get("engines") or {}).items()}
+    return [
+        f"rollout.engines.{name}.max_model_len={n} exceeds the model's {limit} positions ({source}); "
+        "leave it null to use them"
+        for name, n in lengths.items()
+        if n is not None and int(n) > limit
+    ]
 
 
 # ---------------------------------------------------------------------------- values of any group

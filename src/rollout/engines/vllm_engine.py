@@ -77,7 +77,7 @@ class VLLMSettings:
     mode: str = "colocated"
     gpu_memory_utilization: float = 0.4
     dtype: str | None = None  # None: the trainer's own dtype (same weights, same precision)
-    max_model_len: int = 4096
+    max_model_len: int | None = None  # None: the model's own positions (max_position_embeddings)
     # used where the platform supports it (CUDA, ROCm, XPU); elsewhere (CPU) skipped, logged once
     enable_sleep_mode: bool = True
     sleep_level: int = 1

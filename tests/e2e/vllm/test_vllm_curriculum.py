@@ -54,17 +54,11 @@ class WatchedEngine:
         return out
 
 
-def watched_vllm_engine(*, module, tokenizer, model_path, micro_batch_size, **settings):
-    from src.rollout.factory import vllm_engine
+def watched_vllm_engine(*, actor, tokenizer, model_path, micro_batch_size, **settings):
+    from src.rollout.factory import build_vllm_engine
 
-    real = vllm_engine(
-        module=module,
-        tokenizer=tokenizer,
-        model_path=model_path,
-        micro_batch_size=micro_batch_size,
-        **settings,
-    )
-    BUILT.append(WatchedEngine(real, module.actor, tokenizer))
+    real = build_vllm_engine(actor, tokenizer, model_path, micro_batch_size=micro_batch_size, **settings)
+    BUILT.append(WatchedEngine(real, actor, tokenizer))
     return BUILT[-1]
 
 

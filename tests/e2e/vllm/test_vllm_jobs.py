@@ -29,9 +29,9 @@ COMMON = [
     "algorithm.entropy_coeff=0.1",
     "trainer.save_freq=2",
 ]
+# the README's command (max_model_len left at its default: the model's own positions), smaller
 VLLM = [
     "rollout=vllm",
-    "rollout.engines.vllm.max_model_len=1024",
     "rollout.engines.vllm.kv_cache_memory_gib=0.25",
     "rollout.engines.vllm.enforce_eager=true",
 ]

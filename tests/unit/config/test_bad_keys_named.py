@@ -22,6 +22,7 @@ CASES = [
     ("data.train_files=/x.parquet", "data.train_files: file not found: /x.parquet"),
     ("trainer.max_steps=0", "trainer.max_steps"),
     ("router.lambda_init=inf", "router.lambda_init"),
+    ("rollout.engines.vllm.max_model_len=4096", "rollout.engines.vllm.max_model_len=4096 exceeds the model's 2048"),
 ]
 
 
