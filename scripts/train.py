@@ -1,7 +1,9 @@
 """Entry point: python scripts/train.py experiment=router_grpo [overrides...]
 
-A bad config exits non-zero before anything is built: unknown keys and wrong types when Hydra
-composes it (the schemas in src/config/), ranges and cross-group problems in ``validate``."""
+A bad config exits 2 before Hydra creates the run directory, and so before anything is written:
+the command's overrides are composed (unknown keys and wrong types: the schemas in src/config/) and
+validated (ranges, cross-group problems, registry names: ``validate_job``) first, each problem on
+one line naming the key. Then Hydra runs the job."""
 
 import logging
 import signal
@@ -43,13 +45,48 @@ def keep_exit_code_on_signals() -> None:
         signal.signal(sig, signal.SIG_IGN)
 
 
+def preflight(argv: list[str]) -> None:
+    """Compose and validate the command's config; on a problem, say it (one line a problem, naming
+    the key) and exit 2 before anything exists on disk. Hydra's own flags (``--cfg``, ``-m``, ...)
+    are left to Hydra."""
+    if any(arg.startswith("-") for arg in argv):
+        return
+    from src.config.job import compose_job
+    from src.jobs.checks import validate_job
+
+    try:
+        validate_job(compose_job(argv))
+    except ConfigError as err:
+        sys.stderr.write("".join(f"config error: {problem}\n" for problem in err.problems))
+        sys.exit(CONFIG_ERROR_EXIT)
+    except Exception as err:  # noqa: BLE001 - Hydra / OmegaConf composition errors, each naming the key
+        sys.stderr.write(f"config error: {composition_error(err)}\n")
+        sys.exit(CONFIG_ERROR_EXIT)
+
+
+def composition_error(err: BaseException) -> str:
+    """One line of a composition error and its causes, without OmegaConf's ``full_key`` trailer."""
+    parts, seen = [], err
+    while seen is not None:
+        for line in str(seen).splitlines():
+            line = line.strip()
+            if (
+                line
+                and not line.startswith(("full_key", "object_type", "reference_type"))
+                and line not in parts
+            ):
+                parts.append(line)
+        seen = seen.__cause__
+    return " ".join(parts)
+
+
 @hydra.main(version_base="1.3", config_path="../configs", config_name="train")
 def main(cfg: DictConfig) -> None:
     exit_on_signals()  # SIGINT / SIGTERM before the trainer's handlers: exit 130 / 143, never 1 or 0
     from src.jobs.train import train
 
     try:
-        metrics, _ = train(cfg)  # validates first: a bad config fails before anything is loaded
+        metrics, _ = train(cfg, validated=True)  # preflight validated it
     except ConfigError as err:
         logging.getLogger("toolrouter").error("%s", err)
         sys.exit(CONFIG_ERROR_EXIT)
@@ -76,4 +113,6 @@ def log_run_summary(cfg: DictConfig, metrics: dict[str, float]) -> None:
 
 
 if __name__ == "__main__":
+    exit_on_signals()
+    preflight(sys.argv[1:])
     main()

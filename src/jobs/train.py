@@ -75,7 +75,7 @@ def configured_callbacks(cfg: DictConfig) -> list[pl.Callback]:
     return [instantiate(node) for _, node in sorted((cfg.get("callbacks") or {}).items())]
 
 
-def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
+def train(cfg: DictConfig, validated: bool = False) -> tuple[dict[str, float], dict[str, Any]]:
     """Run the configured job. Returns (final logged metrics, {trainer, module, datamodule}).
 
     Raises :class:`Preempted` (a ``SystemExit`` with code 128 + signal) when SIGINT / SIGTERM
@@ -83,7 +83,8 @@ def train(cfg: DictConfig) -> tuple[dict[str, float], dict[str, Any]]:
 
     ``cfg`` is validated first (``ConfigError`` naming every bad key), before anything is built.
     """
-    validate_job(cfg)
+    if not validated:  # the entry point validates before Hydra creates the run directory
+        validate_job(cfg)
     quiet_known_library_output()
     if cfg.trainer.threads is not None:  # before any work: reductions split by thread count
         torch.set_num_threads(int(cfg.trainer.threads))

@@ -1,6 +1,6 @@
 """vLLM engines against a fake ``vllm`` module (calls recorded) and a fake OpenAI-compatible server:
 the order of sleep / wake / push / reset and what crosses the wire. The same engines against a real
-vLLM: tests/e2e/vllm (the vLLM venv, ``make test-vllm``)."""
+vLLM: tests/e2e/real_vllm (the vLLM venv, ``make test-vllm``)."""
 
 import json
 import sys
