@@ -103,14 +103,10 @@ def generated_rows(rb: RolloutBatch) -> list[dict[str, Any]]:
 
 @dataclass
 class PromptBatch:
-    """One step's prompt records (the dataloader's batch) and, once collected, their rollouts.
-
-    The rollout callback fills ``rollout`` (from the rollout pipeline, the only writer) in
-    ``on_train_batch_start`` / ``on_validation_batch_start``; ``training_step`` reads it.
-    """
+    """One step's prompt records (the dataloader's batch), which ``training_step`` /
+    ``validation_step`` hand to the rollout pipeline."""
 
     records: list[dict[str, Any]]
-    rollout: RolloutBatch | None = None
 
     def __len__(self) -> int:
         return len(self.records)
