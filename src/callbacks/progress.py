@@ -12,6 +12,7 @@ from collections.abc import Mapping
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import TQDMProgressBar
+from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
 
 log = logging.getLogger(__name__)
 
@@ -66,9 +67,9 @@ class StepProgressBar(TQDMProgressBar):
 
     def init_validation_tqdm(self):
         """The validation's own bar only on a terminal: in a log file it adds lines, not news."""
-        bar = super().init_validation_tqdm()
-        bar.disable = bar.disable or not sys.stderr.isatty()
-        return bar
+        if sys.stdout.isatty():
+            return super().init_validation_tqdm()
+        return Tqdm(disable=True)
 
     def on_train_epoch_start(self, trainer, *_) -> None:
         if not (trainer.max_steps and trainer.max_steps > 0):
@@ -92,7 +93,7 @@ class StepProgressBar(TQDMProgressBar):
         self._run_bar_open = True
         # Written to a file (``make train > log``), every redraw is a new piece of the log: redraw
         # about 20 times a run there, every step on a terminal.
-        self._redraw_every = 1 if sys.stderr.isatty() else max(1, trainer.max_steps // 20)
+        self._redraw_every = 1 if sys.stdout.isatty() else max(1, trainer.max_steps // 20)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if not (trainer.max_steps and trainer.max_steps > 0):
