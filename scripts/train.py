@@ -19,6 +19,7 @@ from src.config.job import register_configs  # noqa: E402
 from src.config.validate import ConfigError  # noqa: E402
 
 CONFIG_ERROR_EXIT = 2
+PREFLIGHT_VALIDATED = False  # preflight's answer: the job's config passed validate_job already
 register_configs()
 
 
@@ -45,12 +46,12 @@ def keep_exit_code_on_signals() -> None:
         signal.signal(sig, signal.SIG_IGN)
 
 
-def preflight(argv: list[str]) -> None:
+def preflight(argv: list[str]) -> bool:
     """Compose and validate the command's config; on a problem, say it (one line a problem, naming
-    the key) and exit 2 before anything exists on disk. Hydra's own flags (``--cfg``, ``-m``, ...)
-    are left to Hydra."""
+    the key) and exit 2 before anything exists on disk. Returns whether it validated: with Hydra's
+    own flags (``--cfg``, ``-m`` sweeps, ...) it leaves the command to Hydra and each job validates."""
     if any(arg.startswith("-") for arg in argv):
-        return
+        return False
     from src.config.job import compose_job
     from src.jobs.checks import validate_job
 
@@ -62,14 +63,15 @@ def preflight(argv: list[str]) -> None:
     except Exception as err:  # noqa: BLE001 - Hydra / OmegaConf composition errors, each naming the key
         sys.stderr.write(f"config error: {composition_error(err)}\n")
         sys.exit(CONFIG_ERROR_EXIT)
+    return True
 
 
 def composition_error(err: BaseException) -> str:
     """One line of a composition error and its causes, without OmegaConf's ``full_key`` trailer."""
     parts, seen = [], err
     while seen is not None:
-        for line in str(seen).splitlines():
-            line = line.strip()
+        for raw in str(seen).splitlines():
+            line = raw.strip()
             if (
                 line
                 and not line.startswith(("full_key", "object_type", "reference_type"))
@@ -86,7 +88,7 @@ def main(cfg: DictConfig) -> None:
     from src.jobs.train import train
 
     try:
-        metrics, _ = train(cfg, validated=True)  # preflight validated it
+        metrics, _ = train(cfg, validated=PREFLIGHT_VALIDATED)  # validated once, before Hydra's writes
     except ConfigError as err:
         logging.getLogger("toolrouter").error("%s", err)
         sys.exit(CONFIG_ERROR_EXIT)
@@ -114,5 +116,5 @@ def log_run_summary(cfg: DictConfig, metrics: dict[str, float]) -> None:
 
 if __name__ == "__main__":
     exit_on_signals()
-    preflight(sys.argv[1:])
+    PREFLIGHT_VALIDATED = preflight(sys.argv[1:])
     main()
