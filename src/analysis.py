@@ -435,6 +435,15 @@ def route_accuracy_by_step(rollouts: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame.from_dict(rows, orient="index").rename_axis("step")
 
 
+def first_last_means(rollouts: pd.DataFrame, column: str, n_steps: int) -> tuple[float, float, int]:
+    """(mean of ``column`` over the first ``n_steps`` logged steps, over the last ``n_steps``, how many
+    steps each covers)."""
+    steps = sorted(rollouts["step"].unique())
+    first, last = steps[:n_steps], steps[-n_steps:]
+    means = [float(rollouts.loc[rollouts["step"].isin(part), column].mean()) for part in (first, last)]
+    return means[0], means[1], len(last)
+
+
 def last_steps_check(rollouts: pd.DataFrame, budget: float | None, n_steps: int = 50) -> dict[str, Any]:
     """The main job's figures over its last ``n_steps`` steps, recomputed from the rollout log:
     mean cost (and |cost − B|), route_acc_answer, route_acc_family (pooled over those rollouts),
@@ -446,6 +455,7 @@ def last_steps_check(rollouts: pd.DataFrame, budget: float | None, n_steps: int 
     steps = sorted(rollouts["step"].unique())
     last = rollouts[rollouts["step"].isin(steps[-n_steps:])]
     first = rollouts[rollouts["step"].isin(steps[:n_steps])]
+    reward_first, reward_last, _ = first_last_means(rollouts, "reward_task", n_steps)
     acc_answer, acc_family = accuracy_pair(last["weak_label"].tolist(), last["route"].tolist())
     cost = float(last["cost"].mean())
     recall = {  # per label: share of its rollouts routed to its own route (family acc ignores answer-routed)
@@ -463,8 +473,8 @@ def last_steps_check(rollouts: pd.DataFrame, budget: float | None, n_steps: int 
         **recall,
         "format_first": float(first["reward_format"].mean()),
         "format_last": float(last["reward_format"].mean()),
-        "reward_task_first": float(first["reward_task"].mean()),
-        "reward_task_last": float(last["reward_task"].mean()),
+        "reward_task_first": reward_first,
+        "reward_task_last": reward_last,
     }
 
 
@@ -561,15 +571,8 @@ def run_summary(
     lines = [f"run dir: {run_dir}"]
     reward = "reward_task" if "reward_task" in rollouts else "reward"
     if reward in rollouts:
-        steps = sorted(rollouts["step"].unique())
-        first, recent = steps[:n_steps], steps[-n_steps:]
-        mean = {
-            name: float(rollouts.loc[rollouts["step"].isin(part), reward].mean())
-            for name, part in (("first", first), ("last", recent))
-        }
-        lines.append(
-            f"last {len(recent)} steps: task reward {_fmt(mean['last'])} (first {len(first)}: {_fmt(mean['first'])})"
-        )
+        first, last_mean, n = first_last_means(rollouts, reward, n_steps)
+        lines.append(f"last {n} steps: task reward {_fmt(last_mean)} (first {n}: {_fmt(first)})")
         if budget is not None and "weak_label" in rollouts:
             last = last_steps_check(rollouts, budget, n_steps)
             lines.append(

@@ -38,6 +38,9 @@ class _DropLightningTip(logging.Filter):
         return "💡 Tip" not in record.getMessage()
 
 
+_DROP_LIGHTNING_TIP = _DropLightningTip()
+
+
 def quiet_known_library_output() -> None:
     """Each library message that repeats without telling the user anything is silenced here, once,
     with the reason; everything else is left to show."""
@@ -58,7 +61,7 @@ def quiet_known_library_output() -> None:
     # Lightning's "dataloader is not resumable" warning does not apply.
     warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch")
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
-        logging.getLogger(name).addFilter(_DropLightningTip())
+        logging.getLogger(name).addFilter(_DROP_LIGHTNING_TIP)  # one instance: added once per logger
     # Lightning prints through a console handler of its own and through the root logger (which
     # Hydra gives a console and a train.log handler): every line twice. The root's stays.
     if logging.getLogger().handlers:
