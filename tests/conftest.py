@@ -95,7 +95,6 @@ def one_torch_thread():
 # workers): under pytest-xdist they run one after another on one worker, never side by side.
 MULTIPROCESS_MODULES = {
     "test_strategies_job.py",
-    "test_ddp_job.py",
     "test_gpu_jobs.py",
     "test_generate_under_sharding.py",
     "test_replay_curriculum_jobs.py",

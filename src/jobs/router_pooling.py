@@ -5,11 +5,14 @@ the weighted means under the starting backbone (``src.router.head`` holds the ma
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 
+from src.atomic_files import atomic_file
 from src.router.head import common_component, sif_token_weights, token_counts
 
 log = logging.getLogger(__name__)
@@ -39,9 +42,17 @@ def training_prompt_ids(datamodule) -> list[list[int]]:
 
 
 @torch.no_grad()
-def fit_sif_pooling(module, prompt_ids: Sequence[list[int]], pad_id: int, batch_size: int = 32) -> dict:
+def fit_sif_pooling(
+    module, prompt_ids: Sequence[list[int]], pad_id: int, batch_size: int = 32, cache_dir: Path | None = None
+) -> dict:
     """Set ``module.router_head``'s SIF weights and common component from ``prompt_ids`` (the
-    training prompts) and the module's current backbone. Returns what was fitted, to log."""
+    training prompts) and the module's current backbone. Returns what was fitted, to log.
+
+    With ``cache_dir``, the component is kept in ``<cache_dir>/router_sif/<key>.pt``, the key a hash
+    of everything the pooled means depend on (the prompts, every weight and buffer of the module, the
+    pooling settings, the thread count, device and dtype): the forward over all training prompts is
+    most of a short run's start-up, and every fresh run from the same warm start and data repeats it
+    bit for bit."""
     from src.rollout.engines.types import left_pad
 
     head, cfg = module.router_head, module.router_cfg
@@ -52,15 +63,27 @@ def fit_sif_pooling(module, prompt_ids: Sequence[list[int]], pad_id: int, batch_
     counts = token_counts(prompt_ids, head.sif_weight.numel(), cfg.tail_tokens)
     weight = sif_token_weights(counts, cfg.sif_a, cfg.sif_unseen_weight)
     head.set_sif(weight, torch.zeros_like(head.sif_component))  # weighted means, nothing removed
-    pooled = []
-    for start in range(0, len(prompt_ids), batch_size):
-        ids, mask = left_pad(list(prompt_ids[start : start + batch_size]), pad_id)
-        hidden = module.router_hidden(ids.to(module.device), mask.to(module.device))
-        pooled.append(head.represent(hidden, mask.to(hidden.device), ids).float().cpu())
-    pooled = torch.cat(pooled)
-    component = common_component(pooled)
+    cached = (
+        None
+        if cache_dir is None
+        else Path(cache_dir) / "router_sif" / f"{_fit_key(module, prompt_ids, batch_size)}.pt"
+    )
+    hit = cached is not None and cached.is_file()
+    if hit:
+        component, share = _read_fit(cached)
+    else:
+        pooled = []
+        for start in range(0, len(prompt_ids), batch_size):
+            ids, mask = left_pad(list(prompt_ids[start : start + batch_size]), pad_id)
+            hidden = module.router_hidden(ids.to(module.device), mask.to(module.device))
+            pooled.append(head.represent(hidden, mask.to(hidden.device), ids).float().cpu())
+        pooled = torch.cat(pooled)
+        component = common_component(pooled)
+        share = float((pooled @ component).pow(2).sum() / pooled.pow(2).sum())
+        if cached is not None:
+            with atomic_file(cached) as tmp:
+                torch.save({"component": component, "component_share": share}, tmp)
     head.set_sif(weight, component)
-    share = float((pooled @ component).pow(2).sum() / pooled.pow(2).sum())
     fitted = {
         "prompts": len(prompt_ids),
         "distinct_tokens": int((counts > 0).sum()),
@@ -68,12 +91,51 @@ def fit_sif_pooling(module, prompt_ids: Sequence[list[int]], pad_id: int, batch_
         "component_share": share,
     }
     log.info(
-        "router SIF pooling fitted (a=%s, unseen tokens %s): %s", cfg.sif_a, cfg.sif_unseen_weight, fitted
+        "router SIF pooling fitted (a=%s, unseen tokens %s%s): %s",
+        cfg.sif_a,
+        cfg.sif_unseen_weight,
+        ", read from the cache" if hit else "",
+        fitted,
     )
     return fitted
 
 
-def set_up_router_input(module, base_dir, datamodule, pad_id: int) -> None:
+def _fit_key(module, prompt_ids: Sequence[list[int]], batch_size: int) -> str:
+    """sha256 of what the pooled means depend on; run before the fit, with the component zeroed."""
+    digest = hashlib.sha256()
+    cfg = module.router_cfg
+    pooling = [
+        getattr(cfg, k)
+        for k in ("pooling", "tail_tokens", "sif_a", "sif_unseen_weight", "hidden_layer", "input")
+    ]
+    actor = (
+        module.actor.config.to_json_string()
+        if hasattr(module.actor, "config")
+        else type(module.actor).__name__
+    )
+    settings = (
+        pooling,
+        batch_size,
+        torch.get_num_threads(),
+        str(module.device),
+        torch.__version__,
+        module.actor.training,
+    )
+    digest.update(repr(settings).encode() + actor.encode())
+    for ids in prompt_ids:
+        digest.update(torch.tensor(ids, dtype=torch.int64).numpy().tobytes() + b"|")
+    for name, tensor in sorted({**dict(module.named_parameters()), **dict(module.named_buffers())}.items()):
+        digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}".encode())
+        digest.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()[:32]
+
+
+def _read_fit(path: Path) -> tuple[torch.Tensor, float]:
+    saved = torch.load(path, map_location="cpu", weights_only=True)
+    return saved["component"], float(saved["component_share"])
+
+
+def set_up_router_input(module, base_dir, datamodule, pad_id: int, cache_dir: Path | None = None) -> None:
     """Before a fresh run's first step: the base model's embedding table into the head
     (``router.input: base_embeddings``; ``base_dir`` the model before any warm start), then the SIF
     statistics on the starting backbone (``router.pooling: sif``), in that order: SIF pools what the
@@ -81,4 +143,4 @@ def set_up_router_input(module, base_dir, datamodule, pad_id: int) -> None:
     if module.router_cfg.input == "base_embeddings":
         module.router_head.set_base_embedding(base_input_embeddings(base_dir))
     if module.router_cfg.pooling == "sif":
-        fit_sif_pooling(module, training_prompt_ids(datamodule), pad_id)
+        fit_sif_pooling(module, training_prompt_ids(datamodule), pad_id, cache_dir=cache_dir)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import warnings
+from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
@@ -114,7 +115,9 @@ def train(cfg: DictConfig, validated: bool = False) -> tuple[dict[str, float], d
     module = build_module(cfg, path, pipeline)
     ckpt = point.checkpoint if point else None
     if ckpt is None and module.router_head is not None:  # a resumed run restores them from its checkpoint
-        set_up_router_input(module, base_model_dir(cfg), datamodule, tokenizer.pad_token_id)
+        set_up_router_input(
+            module, base_model_dir(cfg), datamodule, tokenizer.pad_token_id, Path(cfg.cache_dir)
+        )
     callbacks = [
         StepOnlyScalars(),  # first: it clears the previous step's values before anyone logs
         *build_rl_callbacks(cfg, tokenizer),

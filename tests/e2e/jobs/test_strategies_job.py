@@ -3,9 +3,15 @@ DeepSpeed ZeRO-2 and ZeRO-3 run the same experiment as one process.
 
 - step 1's prompts and its all-rank reward equal the one-process run's (the seeded sampler shards
   one global order; the logged scalars are reduced over the ranks);
+- λ follows the controller on the mean cost of both ranks' rollouts together;
 - killed by SIGKILL at step 2 and resumed (``latest_checkpoint`` finds the sharded checkpoint
   directories), each strategy ends with the weights of an uninterrupted DDP run (within 1e-5)
-  after 3 steps with a real gradient, and with the same rollouts at every step.
+  after 3 steps with a real gradient, and with the same rollouts at every step;
+- the sharded ones (FSDP2, ZeRO-3) validate after every step with the router head's Polyak average,
+  read as plain tensors, through the kill and the resume.
+
+Every run shares its setup with the others (one one-process run, one uninterrupted DDP run, one
+killed + resumed run per strategy): the multi-process runs are the slowest part of the test tier.
 
 The kill comes from the run itself (``faults.SignalAtStep``) on every rank at the
 same point. One thread per process: the float results then depend on nothing but the strategy.
@@ -44,6 +50,7 @@ BASE = [
     "trainer.save_freq=1",
 ]
 TWO = ["trainer.devices=2"]
+VALIDATE_EVERY_STEP = ["trainer.val_check_interval=1", "trainer.limit_val_batches=1"]
 _NO_DEEPSPEED = pytest.mark.skipif(
     importlib.util.find_spec("deepspeed") is None, reason="deepspeed not installed (make setup installs it)"
 )
@@ -88,18 +95,20 @@ def _rollouts(run_dir: Path) -> pd.DataFrame:
 
 
 def _kill_at_step_2_and_resume(run_dir: Path, strategy: str) -> Path:
-    """SIGKILL on every rank at step 2 (after its update, before its checkpoint), then resume."""
+    """SIGKILL on every rank at step 2 (after its update, before its checkpoint), then resume. The
+    sharded strategies validate after every step (greedy: no draw the training rollouts share)."""
     fault = [
         "+callbacks.fault._target_=faults.SignalAtStep",
         "+callbacks.fault.step=2",
         "+callbacks.fault.signal=SIGKILL",
     ]
-    _run(run_dir, *TWO, f"trainer.strategy={strategy}", *fault, expect=-signal.SIGKILL)
+    validate = VALIDATE_EVERY_STEP if strategy in ("fsdp", "deepspeed_stage_3") else []
+    _run(run_dir, *TWO, f"trainer.strategy={strategy}", *validate, *fault, expect=-signal.SIGKILL)
     found = latest_checkpoint(run_dir / "checkpoints")
     assert found is not None and found.name in ("last.ckpt", "step_00000001.ckpt")
     assert checkpoint_kind(found) == ("file" if strategy == "ddp" else strategy.split("_")[0])
     assert consolidated_state_dict(found)["lagrange.lam"].item() != 1.0  # λ moved at step 1
-    _run(run_dir, *TWO, f"trainer.strategy={strategy}", "resume=true")
+    _run(run_dir, *TWO, f"trainer.strategy={strategy}", *validate, "resume=true")
     return run_dir
 
 
@@ -147,11 +156,53 @@ def test_ddp_sees_the_prompts_and_logs_the_reward_of_one_process(one_process, un
     assert logged["train/reward_task_mean"][0] == pytest.approx(one_reward, abs=1e-6)
 
 
+def test_ddp_lambda_follows_the_controller_on_the_global_cost(uninterrupted_ddp):
+    """λ after 3 steps is the router_grpo controller's (PID) update on the mean cost of both ranks'
+    rollouts, replayed here from the rollout log; rank 0's own half would give another λ."""
+    rows = pd.concat(pd.read_parquet(p) for p in (uninterrupted_ddp / "rollouts").glob("*.parquet"))
+    assert all(len(step) == 2 * 2 * 4 for _, step in rows.groupby("step"))  # ranks x prompts x copies
+    ckpt = torch.load(uninterrupted_ddp / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert ckpt["global_step"] == 3
+    lam = float(ckpt["state_dict"]["lagrange.lam"])
+    assert lam == pytest.approx(_replayed_lambda(rows), abs=1e-6)
+    rank0 = rows[rows["rank"] == 0]
+    if rank0.groupby("step").cost.mean().tolist() != rows.groupby("step").cost.mean().tolist():
+        assert lam != pytest.approx(_replayed_lambda(rank0), abs=1e-6)
+
+
+def _replayed_lambda(rows: pd.DataFrame) -> float:
+    """λ after feeding each step's [cost sum, reward sum, count] of ``rows`` to the run's controller."""
+    from src.algorithms.lagrange import LagrangeMultiplier
+    from src.config.job import compose_job
+    from src.config.schema import RouterConfig
+    from src.jobs.build import dataclass_from
+
+    router = dataclass_from(RouterConfig, compose_job([*BASE, *TWO]).router)
+    lagrange = LagrangeMultiplier(router, router.lambda_init)
+    for _, step in rows.groupby("step"):
+        totals = [step.cost.sum(), step.reward_task.sum(), len(step)]
+        lagrange.update(torch.tensor(totals, dtype=torch.float64))
+    return lagrange.value
+
+
+@pytest.fixture(scope="module")
+def killed_and_resumed(runs):
+    """strategy -> its run killed at step 2 and resumed, trained on first use."""
+    done: dict[str, Path] = {}
+
+    def get(strategy: str) -> Path:
+        if strategy not in done:
+            done[strategy] = _kill_at_step_2_and_resume(runs / f"resumed_{strategy}", strategy)
+        return done[strategy]
+
+    return get
+
+
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_strategy_killed_and_resumed_matches_uninterrupted_ddp(
-    strategy, one_process, uninterrupted_ddp, runs
+    strategy, one_process, uninterrupted_ddp, killed_and_resumed
 ):
-    run_dir = _kill_at_step_2_and_resume(runs / f"resumed_{strategy}", strategy)
+    run_dir = killed_and_resumed(strategy)
     got = _rollouts(run_dir)
     one = _rollouts(one_process)
     assert set(got[got.step == 0].uid) == set(one[one.step == 0].uid)
@@ -171,18 +222,12 @@ def test_strategy_killed_and_resumed_matches_uninterrupted_ddp(
 
 
 @pytest.mark.parametrize("strategy", ["fsdp", pytest.param("deepspeed_stage_3", marks=_NO_DEEPSPEED)])
-def test_sharded_validation_routes_with_the_heads_average(strategy, tmp_path):
+def test_sharded_validation_routes_with_the_heads_average(strategy, killed_and_resumed):
     """Validation after every step on 2 ranks: the router's Polyak average (router.ema_decay, the
     demo's) routes it and the val/routing scalars; its weights are read as plain tensors, not through
-    the sharded module, and the checkpoint holds the whole average, one update per step."""
-    run_dir = tmp_path / "run"
-    _run(
-        run_dir,
-        *TWO,
-        f"trainer.strategy={strategy}",
-        "trainer.val_check_interval=1",
-        "trainer.limit_val_batches=1",
-    )
+    the sharded module, and the checkpoint holds the whole average, one update per step (through
+    the kill and the resume)."""
+    run_dir = killed_and_resumed(strategy)
     series = scalars(run_dir)
     assert [s for s, _ in series["val/routing_greedy/tool_rate"]] and "val/route_frac_answer" in series
     state = consolidated_state_dict(latest_checkpoint(run_dir / "checkpoints"))

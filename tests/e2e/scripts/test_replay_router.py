@@ -15,6 +15,17 @@ from src.config.schema import RouterConfig
 from src.jobs.router_replay import ReplayTable, replay
 
 
+@pytest.fixture(scope="module")
+def run(router_run, tmp_path_factory, one_torch_thread):
+    """One copy of the shared router run for the module, its replay tables (``run/replay``) built
+    by the first test that reads them; the tests only add files beside them."""
+    import shutil
+
+    copy = tmp_path_factory.mktemp("replay") / "run"
+    shutil.copytree(router_run, copy)
+    return copy
+
+
 def bandit_table(n: int, seed: int) -> ReplayTable:
     """Prompts with a class-revealing input: 40 % ANSWER (answer pays 1, a tool 0), 30 % SEARCH and
     30 % CALCULATE (answer -3, own family -1, other family -2); a tool route costs 1."""
@@ -55,13 +66,9 @@ def test_replay_table_shapes_are_checked():
         ReplayTable(torch.zeros(4, 8), torch.zeros(4, 3), torch.zeros(4, 2), torch.zeros(4))
 
 
-def test_replay_script_on_a_real_run(router_run, tmp_path):
+def test_replay_script_on_a_real_run(run, tmp_path):
     """The table comes from the run's checkpoint (router inputs equal what its head reads), is cached,
     and one JSON line per seed comes back."""
-    import shutil
-
-    run = tmp_path / "run"
-    shutil.copytree(router_run, run)
     cmd = [sys.executable, str(REPO / "scripts" / "replay_router.py"), "--run", str(run), "--limit", "8"]
     cmd += ["--seeds", "0,1", "--steps", "3", "router.budget=0.2"]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
@@ -88,11 +95,9 @@ def test_replay_script_on_a_real_run(router_run, tmp_path):
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
-def test_replay_on_the_warm_starts_inputs(router_run, tmp_path):
+def test_replay_on_the_warm_starts_inputs(run, tmp_path):
     """--inputs-from warm_start: the inputs are what the run's head reads from its SFT warm start
     (not the final actor), the rewards and costs stay the run's; a missing model is a clear error."""
-    import shutil
-
     from src.datamodules.schema import read_rlla_parquet
     from src.jobs.build import data_files
     from src.jobs.inference import load_router_policy
@@ -103,8 +108,6 @@ def test_replay_on_the_warm_starts_inputs(router_run, tmp_path):
     sys.path.insert(0, str(REPO / "scripts"))
     from replay_router import tables, with_inputs_from
 
-    run = tmp_path / "run"
-    shutil.copytree(router_run, run)
     train, test = tables(run, 8)
     warm_train, warm_test = with_inputs_from(run, "warm_start", train, test, 8)
     assert torch.equal(warm_train.reward, train.reward) and torch.equal(warm_test.cost, test.cost)
@@ -121,11 +124,10 @@ def test_replay_on_the_warm_starts_inputs(router_run, tmp_path):
         with_inputs_from(run, str(tmp_path / "nowhere"), train, test, 8)
 
 
-def test_pooling_overrides_re_pool_the_run_inputs(router_run, tmp_path):
+def test_pooling_overrides_re_pool_the_run_inputs(run, tmp_path):
     """router.pooling / sif_a overrides re-pool the inputs from the run's final backbone: `tail` is the
     plain mean of the last tail_tokens states; `sif` with another a weighs the same tokens otherwise."""
     import dataclasses
-    import shutil
 
     from src.config.schema import RouterConfig as Cfg
     from src.datamodules.schema import read_rlla_parquet
@@ -137,8 +139,6 @@ def test_pooling_overrides_re_pool_the_run_inputs(router_run, tmp_path):
     sys.path.insert(0, str(REPO / "scripts"))
     from replay_router import tables, with_pooling
 
-    run = tmp_path / "run"
-    shutil.copytree(router_run, run)
     train, test = tables(run, 8)
     policy = load_router_policy(run, device="cpu")
     assert policy.config.router.pooling == "sif"  # the demo's: re-pooled below as a plain tail mean
@@ -155,11 +155,10 @@ def test_pooling_overrides_re_pool_the_run_inputs(router_run, tmp_path):
     assert not torch.allclose(other_a.inputs, train.inputs, atol=1e-4)
 
 
-def test_input_override_re_pools_from_the_base_models_embeddings(router_run, tmp_path):
+def test_input_override_re_pools_from_the_base_models_embeddings(run, tmp_path):
     """router.input=base_embeddings re-pools the inputs from the base model's embedding table (the
     model before the warm start), SIF refitted on it; --inputs-from cannot be combined with it."""
     import dataclasses
-    import shutil
 
     from src.config.schema import RouterConfig as Cfg
     from src.datamodules.schema import read_rlla_parquet
@@ -172,8 +171,6 @@ def test_input_override_re_pools_from_the_base_models_embeddings(router_run, tmp
     sys.path.insert(0, str(REPO / "scripts"))
     from replay_router import tables, with_pooling
 
-    run = tmp_path / "run"
-    shutil.copytree(router_run, run)
     train, test = tables(run, 8)
     policy = load_router_policy(run, device="cpu")
     router = dataclasses.replace(Cfg(**policy.config.router), input="base_embeddings", hidden_layer=0)
