@@ -11,7 +11,9 @@ Registries pick math by name from the ``algorithm`` config:
   scatter onto tokens); it reaches the module as ``RolloutBatch.token_advantages`` [N, T]
   (``models/module.py:ROLLOUT_SIDE_ESTIMATORS``) and composes with any policy loss.
 * The Lagrangian reward and λ: ``lagrange.py`` (``lagrangian_reward``, the controllers
-  ``DUAL_UPDATES``, λ's state ``LagrangeMultiplier`` and its update ``lambda_window_step``).
+  ``DUAL_UPDATES``, λ's state ``LagrangeMultiplier`` and its update ``lambda_window_step``), and the
+  router's advantages ``ROUTER_ADVANTAGES`` (``router.advantage``: ``scalarized_reward``,
+  ``scalarized_advantage``).
 * ``get_policy_loss_fn(name)`` -> ``fn(log_probs, old_log_probs, advantages, mask, **params)
   -> PolicyLossOutput(loss, clipped, ratio)``, all [B, T]. Built in: ``ppo_clip`` (dual clip,
   log-ratio clamp), ``gspo``.

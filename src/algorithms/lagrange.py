@@ -1,5 +1,6 @@
-"""λ, the Lagrange multiplier of the tool budget E[cost] ≤ B: the Lagrangian reward, the controllers
-that move λ, and λ's state with its windowed update. Everything about λ lives in this file.
+"""λ, the Lagrange multiplier of the tool budget E[cost] ≤ B: the Lagrangian reward, the router's
+advantages built on it, the controllers that move λ, and λ's state with its windowed update.
+Everything about λ lives in this file.
 
 The router maximises r_task − λ·cost subject to E[cost] ≤ B (``lagrangian_reward``). λ is moved by a
 controller picked by name (``DUAL_UPDATES``, ``router.lambda_update``):
@@ -20,39 +21,165 @@ integral alone produces; the integral still removes any steady-state offset.
 λ's state is ``LagrangeMultiplier``: three buffers (λ, the cost window, the controller's memory),
 checkpointed with the LightningModule that holds it and identical on every rank; its ``update``
 is ``lambda_window_step``, a pure function of those tensors.
+
+The router's advantage is picked by name too (``ROUTER_ADVANTAGES``, ``router.advantage``):
+
+``scalarized_reward``: the group estimator on r_task − λ·cost. Girgis et al. (2026, "Constrained
+GRPO", arXiv 2602.05863, Thm 4.1) show that standardising the sum gives each term the effective
+weight λ_j·σ_j/σ(r_router): how much the cost counts moves with each group's spread.
+
+``scalarized_advantage``: each term standardised within its group, then combined:
+A = Z_g(r_task) − λ·Z_g(cost), so λ alone sets the trade-off.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import torch
 
+from src.algorithms.loss_module import advantage_fn, group_ids
 from src.config.schema import DualSettings
 
 __all__ = [
     "DUAL_UPDATES",
+    "ROUTER_ADVANTAGES",
     "DualGains",
     "DualState",
     "LagrangeMultiplier",
+    "component_advantage",
     "dual_gains",
     "dual_step",
     "init_dual_state",
     "initial_controller",
     "lagrangian_reward",
     "lambda_window_step",
+    "router_advantage",
+    "scalarized_advantage",
+    "scalarized_reward",
+    "sign_flip_fraction",
     "window_lagrange_step",
 ]
 
 
-def lagrangian_reward(task_rewards: torch.Tensor, costs: torch.Tensor, lam: float) -> torch.Tensor:
-    """r_router = r_task − λ·cost. [N], [N] -> [N] float32 (seed 001's Lagrangian relaxation)."""
+Lambda = float | torch.Tensor  # one λ, or the λ each row was scored with [N]
+
+
+def lagrangian_reward(task_rewards: torch.Tensor, costs: torch.Tensor, lam: Lambda) -> torch.Tensor:
+    """r_router = r_task − λ·cost. [N], [N], λ float or [N] -> [N] float32 (seed 001's Lagrangian
+    relaxation). A float32 λ tensor gives the float's result bit for bit: the float is cast to
+    float32 before the multiply either way."""
+    return task_rewards.float() - _checked_lambda(lam, costs.device) * costs.float()
+
+
+def _checked_lambda(lam: Lambda, device: torch.device) -> float | torch.Tensor:
+    """λ as a float, or as a float32 tensor on ``device``; a negative or non-finite λ is an error."""
+    if isinstance(lam, torch.Tensor):
+        if not bool(torch.isfinite(lam).all()) or bool((lam < 0).any()):
+            raise ValueError(f"lam must be finite numbers >= 0, got {lam!r}")
+        return lam.float().to(device)
     if lam < 0 or not math.isfinite(float(lam)):
         raise ValueError(f"lam must be a finite number >= 0, got {lam!r}")
-    return task_rewards.float() - float(lam) * costs.float()
+    return float(lam)
+
+
+def _varies_in_group(values: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
+    """[N] bool: whether row i's group (dense ids [N]) holds two different values."""
+    n_groups = int(dense.max()) + 1 if dense.numel() else 0
+    values = values.float()
+    high = values.new_full((n_groups,), -math.inf).scatter_reduce(0, dense, values, "amax")
+    low = values.new_full((n_groups,), math.inf).scatter_reduce(0, dense, values, "amin")
+    return (high > low)[dense]
+
+
+def component_advantage(
+    values: torch.Tensor,
+    uids: Sequence[Any],
+    norm_by_std: bool = True,
+    eps: float = 1e-6,
+    estimator: str = "grpo",
+) -> torch.Tensor:
+    """Z_g(x): one reward component standardised within its group. values [N], uids [N] -> [N].
+
+    The registered group estimator ``estimator`` (``grpo``: (x − mean_g)/(std_g + eps) with the
+    unbiased std, or x − mean_g when not ``norm_by_std``), and exactly 0 on every row of a group
+    whose values are all equal: such a group says nothing about this component, while its mean,
+    summed in float32, can miss the common value by a rounding error that the division by
+    (std ≈ 0) + eps would blow up into a push of noise.
+    """
+    dense = group_ids(uids).to(values.device)
+    z = advantage_fn(estimator, norm_by_std, eps, {}, "router")(values, uids)
+    return torch.where(_varies_in_group(values, dense), z, torch.zeros_like(z))
+
+
+def scalarized_reward(
+    task_reward: torch.Tensor,
+    cost: torch.Tensor,
+    lam: Lambda,
+    uids: Sequence[Any],
+    norm_by_std: bool = True,
+    eps: float = 1e-6,
+    estimator: str = "grpo",
+) -> torch.Tensor:
+    """The group estimator on r_router = r_task − λ·cost (``lagrangian_reward``): the router's
+    advantage before ``router.advantage`` existed, the same ops in the same order.
+
+    task_reward [N], cost [N], lam float or [N], uids [N] group ids -> [N] float32.
+    """
+    fn = advantage_fn(estimator, norm_by_std, eps, {}, "router")
+    return fn(lagrangian_reward(task_reward, cost, lam), uids)
+
+
+def scalarized_advantage(
+    task_reward: torch.Tensor,
+    cost: torch.Tensor,
+    lam: Lambda,
+    uids: Sequence[Any],
+    norm_by_std: bool = True,
+    eps: float = 1e-6,
+    estimator: str = "grpo",
+) -> torch.Tensor:
+    """A = Z_g(r_task) − λ·Z_g(cost) (Girgis et al. 2026): each component standardised within its
+    group by ``component_advantage``, so a group whose r_task (or cost) does not vary gets exactly
+    0 from that component, and λ weighs the cost term whatever the two spreads are.
+
+    task_reward [N], cost [N], lam float or [N] (the λ each row was scored with), uids [N] -> [N]
+    float32.
+    """
+    lam = _checked_lambda(lam, task_reward.device)
+    task = component_advantage(task_reward, uids, norm_by_std, eps, estimator)
+    return task - lam * component_advantage(cost, uids, norm_by_std, eps, estimator)
+
+
+RouterAdvantageFn = Callable[..., torch.Tensor]
+ROUTER_ADVANTAGES: dict[str, RouterAdvantageFn] = {
+    "scalarized_reward": scalarized_reward,
+    "scalarized_advantage": scalarized_advantage,
+}
+
+
+def router_advantage(name: str) -> RouterAdvantageFn:
+    """The registered router advantage ``name`` (``router.advantage``): ``fn(task_reward [N],
+    cost [N], lam, uids [N], norm_by_std, eps, estimator) -> [N]``."""
+    if name not in ROUTER_ADVANTAGES:
+        raise ValueError(f"router.advantage={name!r}; expected one of {sorted(ROUTER_ADVANTAGES)}")
+    return ROUTER_ADVANTAGES[name]
+
+
+def sign_flip_fraction(router_adv: torch.Tensor, task_adv: torch.Tensor) -> float:
+    """The share of the N rows whose router advantage has the strictly opposite sign of their
+    task-reward advantage (product < 0; a 0 on either side is no flip): how often the cost term
+    turns a better-than-its-group answer into a push away. [N], [N] -> float; 0.0 when N = 0."""
+    if router_adv.shape != task_adv.shape:
+        raise ValueError(f"router_adv {tuple(router_adv.shape)} and task_adv {tuple(task_adv.shape)} differ")
+    if router_adv.numel() == 0:
+        return 0.0
+    # signs, not the product: two tiny advantages would multiply to an underflowed 0
+    flipped = torch.sign(router_adv) * torch.sign(task_adv.to(router_adv.device)) < 0
+    return float(flipped.float().mean())
 
 
 @dataclass(frozen=True)

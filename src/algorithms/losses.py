@@ -233,7 +233,7 @@ def router_loss(
     Args:
         logits: [N, 3] router logits, one row per rollout (copies of a prompt repeat its logits).
         actions: [N] long, the sampled routes.
-        advantages: [N] GRPO advantages of r_router.
+        advantages: [N] the router's advantages (``router.advantage``: of r_router, or per reward term).
         sup_targets: [N] long weak labels, -1 where there is none (MIXED or unlabelled).
     Returns:
         (scalar loss, parts dict with pg, entropy, ce).

@@ -136,7 +136,13 @@ class RouterHeadConfig:
     entropy_decay_steps: int = 0
     sup_coef: float = 0.0
     lambda_init: float = 0.0
-    adv_estimator: str = "grpo"  # registry name of the router's advantage on r_router, groups by uid
+    adv_estimator: str = "grpo"  # registry name of the router's group estimator (groups by uid)
+    # what the estimator standardises (src.algorithms.lagrange.ROUTER_ADVANTAGES):
+    # scalarized_reward: r_router = r_task − λ·cost, one estimate (the cost's effective weight then
+    #   moves with each group's spreads: Girgis et al. 2026, "Constrained GRPO", Thm 4.1);
+    # scalarized_advantage: Z_g(r_task) − λ·Z_g(cost), each term standardised within its group (a
+    #   term that does not vary in a group adds 0), so λ alone sets the trade-off
+    advantage: str = "scalarized_reward"
     # False: advantages r - mean_g (no std). Near the budget's equilibrium the copies' r_router are
     # almost equal, and dividing by their tiny std turns noise into full-size pushes.
     norm_adv_by_std: bool = True

@@ -2,10 +2,10 @@
 
 ``src/config`` is the bottom layer and imports no component, so the checks that ask a registry
 live here, and the config keeps no list of its own of what a registry knows: a researcher's own
-advantage, policy loss, KL estimator, aggregation mode, λ controller or strategy, once registered,
-passes. Every registered advantage estimator compares a response with its group (the registry's
-``fn(rewards, index)`` contract gives a group of one advantage 0), and the budget must be reachable
-under the configured tool cost (``src/router/usage.py:max_cost``).
+advantage, policy loss, KL estimator, aggregation mode, λ controller, router advantage or strategy,
+once registered, passes. Every registered advantage estimator compares a response with its group
+(the registry's ``fn(rewards, index)`` contract gives a group of one advantage 0), and the budget
+must be reachable under the configured tool cost (``src/router/usage.py:max_cost``).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import math
 
 from omegaconf import DictConfig
 
-from src.algorithms.lagrange import DUAL_UPDATES
+from src.algorithms.lagrange import DUAL_UPDATES, ROUTER_ADVANTAGES
 from src.algorithms.loss_module import ADVANTAGES, OLD_LOG_PROB_SOURCES
 from src.algorithms.losses import KL_ESTIMATORS, LOSS_AGG, POLICY_LOSSES
 from src.algorithms.rlvcr import QUALIFY_MODES
@@ -53,6 +53,7 @@ def registry_problems(cfg: DictConfig) -> list[str]:
         problems += one_of("algorithm.rlvcr_qualify", a.rlvcr_qualify, QUALIFY_MODES)
     if cfg.router.enable:
         problems += one_of("router.lambda_update", cfg.router.lambda_update, DUAL_UPDATES)
+        problems += one_of("router.advantage", cfg.router.advantage, ROUTER_ADVANTAGES)
     if cfg.env.enable:
         from src.rollout.factory import STEP_FORMATS
 

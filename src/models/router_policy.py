@@ -12,7 +12,7 @@ from contextlib import nullcontext
 
 import torch
 
-from src.algorithms.loss_module import advantage_fn
+from src.algorithms.lagrange import component_advantage, router_advantage, sign_flip_fraction
 from src.algorithms.losses import ema_warmup_decay, linear_decay, router_loss
 from src.config.schema import RouterHeadConfig
 from src.rollout.batch import RouterRollout
@@ -22,8 +22,10 @@ from src.router.head import RouterHead
 class RouterPolicy(RouterHead):
     """``RouterHead`` (same parameters, same checkpoint keys) plus the loss it is trained with.
 
-    loss = router_loss(logits, action, A(r_router grouped by uid), c_H(step), c_sup, weak label),
-    A from the advantage registry (``router.adv_estimator``), c_H the linear entropy schedule.
+    loss = router_loss(logits, action, A, c_H(step), c_sup, weak label), rows grouped by uid, A by
+    ``router.advantage`` (``src.algorithms.lagrange.ROUTER_ADVANTAGES``: the group estimator
+    ``router.adv_estimator`` on r_router, or on r_task and cost apart), c_H the linear entropy
+    schedule.
 
     With ``router.ema_decay`` > 0 it also keeps a Polyak (exponential moving) average of the MLP's
     weights, as buffers ``ema_<weight name, dots as _>`` and the update count ``ema_updates``:
@@ -91,24 +93,46 @@ class RouterPolicy(RouterHead):
         return linear_decay(step, c.entropy_coef, c.entropy_coef_final, c.entropy_decay_steps)
 
     def advantages(self, rollout: RouterRollout, uids: Sequence) -> torch.Tensor:
-        """[N] advantages of r_router, rows grouped by uid."""
-        fn = advantage_fn(self.cfg.adv_estimator, self.cfg.norm_adv_by_std, self.adv_eps, {}, "router")
-        return fn(rollout.reward, uids)
+        """[N] router advantages (``router.advantage``) of the rollout's r_task, cost and λ, rows
+        grouped by uid."""
+        c = self.cfg
+        fn = router_advantage(c.advantage)
+        return fn(
+            rollout.task_reward,
+            rollout.cost,
+            rollout.lam,
+            uids,
+            c.norm_adv_by_std,
+            self.adv_eps,
+            c.adv_estimator,
+        )
+
+    def task_advantages(self, rollout: RouterRollout, uids: Sequence) -> torch.Tensor:
+        """[N] the group advantage of r_task alone (the same estimator, std and eps; 0 where a
+        group's r_task does not vary): the push the task reward alone would give each row."""
+        c = self.cfg
+        return component_advantage(
+            rollout.task_reward, uids, c.norm_adv_by_std, self.adv_eps, c.adv_estimator
+        )
 
     def loss(
         self, prompt_logits: torch.Tensor, rollout: RouterRollout, uids: Sequence, step: int
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """prompt_logits [P, 3] (one row per prompt) -> (scalar loss, parts pg / entropy / ce)."""
+        """prompt_logits [P, 3] (one row per prompt) -> (scalar loss, parts pg / entropy / ce /
+        sign_flip_frac: the share of rows the cost term pushes against their task advantage)."""
         device = prompt_logits.device
         logits = prompt_logits[rollout.prompt_index.to(device)]
-        return router_loss(
+        advantages = self.advantages(rollout, uids)
+        loss, parts = router_loss(
             logits,
             rollout.action.to(device),
-            self.advantages(rollout, uids).to(device),
+            advantages.to(device),
             self.entropy_coef(step),
             self.cfg.sup_coef,
             rollout.target.to(device),
         )
+        flips = sign_flip_fraction(advantages, self.task_advantages(rollout, uids))
+        return loss, {**parts, "sign_flip_frac": torch.tensor(flips)}
 
 
 def _ema_key(weight_name: str) -> str:

@@ -34,6 +34,10 @@ class RouterRollout:
     prompt_index: [N] long, which of the P prompts each rollout came from.
     action: [N] long route; log_prob: [N] at sampling time; reward: [N] r_router; cost: [N].
     target: [N] long weak label (-1 for MIXED / unlabelled).
+    task_reward: [N] r_task; lam: [N] float32, the λ each row's r_router was scored with (rows
+        joined from different collects need not share one). ``router.advantage`` reads these
+        (``src.algorithms.lagrange.ROUTER_ADVANTAGES``); ``reward`` = r_task − lam·cost stays for
+        the rollout log and dynamic sampling.
     """
 
     prompt_ids: torch.Tensor
@@ -44,6 +48,8 @@ class RouterRollout:
     reward: torch.Tensor
     cost: torch.Tensor
     target: torch.Tensor
+    task_reward: torch.Tensor
+    lam: torch.Tensor
 
 
 @dataclass
@@ -246,7 +252,7 @@ def split_groups(rb: RolloutBatch) -> list[RolloutBatch]:
     return [select_rows(rb, rows) for rows in order.values()]
 
 
-_PER_ROW = ("action", "log_prob", "reward", "cost", "target")
+_PER_ROW = ("action", "log_prob", "reward", "cost", "target", "task_reward", "lam")
 
 
 def select_router(r: RouterRollout, rows: torch.Tensor) -> RouterRollout:

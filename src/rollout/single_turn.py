@@ -205,7 +205,8 @@ def router_rollout(
     labels: list[str],
     lam: float,
 ) -> RouterRollout:
-    """The router's part of the batch: r_router [N] (``lagrangian_reward``), weak-label targets [N]."""
+    """The router's part of the batch: r_router [N] (``lagrangian_reward``), weak-label targets [N],
+    and the r_task and λ it was formed from [N]."""
     p_ids, p_mask = left_pad(prompt_ids, pad_id)
     task = torch.tensor([s.reward.total for s in scored], dtype=torch.float32)
     costs = torch.tensor([s.cost for s in scored], dtype=torch.float32)
@@ -218,6 +219,8 @@ def router_rollout(
         reward=lagrangian_reward(task, costs, lam),
         cost=costs,
         target=torch.tensor([weak_label_index(label) for label in labels], dtype=torch.long),
+        task_reward=task,
+        lam=torch.full_like(costs, lam),
     )
 
 

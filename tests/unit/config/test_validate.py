@@ -135,6 +135,15 @@ def test_a_registered_estimator_passes_without_a_list_to_edit(monkeypatch):
     assert "algorithm.adv_estimator" not in keys(problems(f"algorithm.adv_estimator={name}"))
 
 
+def test_router_advantage_is_one_of_the_registered_names():
+    found = problems("router.advantage=scalarized", base="experiment=router_grpo")
+    assert found == [
+        "router.advantage: 'scalarized' is not one of ['scalarized_reward', 'scalarized_advantage']"
+    ]
+    for name in ("scalarized_reward", "scalarized_advantage"):
+        assert problems(f"router.advantage={name}", base="experiment=router_grpo") == []
+
+
 def test_budget_range_follows_the_cost():
     assert problems("router.budget=2.5", "router.cost=per_family", base="experiment=router_grpo") == []
     assert problems("router.budget=50", "router.cost=per_call", base="experiment=router_grpo") == []

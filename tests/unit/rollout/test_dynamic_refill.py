@@ -55,6 +55,8 @@ def scripted_batch(records: list[dict], call: int) -> RolloutBatch:
             reward=router,
             cost=(torch.arange(n) % 3 != 0).float(),
             target=torch.arange(n) % 2,
+            task_reward=actor,
+            lam=torch.full((n,), float(call)),
         ),
         rows=[{"uid": r["uid"], "j": j, "call": call} for r in records for j in range(G)],
         metrics={"timing/generation_s": 1.0, "rollout/generated_tokens": float(n * t)},
@@ -177,9 +179,10 @@ def test_take_rows_of_a_join_keeps_every_rows_prompt_response_and_router_part():
         assert used(r.prompt_ids[k], r.prompt_mask[k]) == used(
             pr.prompt_ids[pr.prompt_index[i]], pr.prompt_mask[pr.prompt_index[i]]
         )
-        for name in ("action", "log_prob", "reward", "cost", "target"):
+        for name in ("action", "log_prob", "reward", "cost", "target", "task_reward", "lam"):
             assert getattr(r, name)[out_row] == getattr(pr, name)[i], name
     assert len(got.router.prompt_ids) == 3  # prompts 5, 6 and 9's: the others' rows were not taken
+    assert set(got.router.lam.tolist()) == {0.0, 1.0}  # each row keeps the λ its collect scored it with
     with pytest.raises(ValueError, match="with and without a router"):
         join([parts[0], RolloutBatch(**{**parts[1].__dict__, "router": None})], PAD)
 

@@ -90,6 +90,8 @@ def test_routed_collect_returns_a_typed_batch(tiny):
         assert row["reward_task"] == pytest.approx(parts.total)
         assert row["cost"] == pytest.approx(0.5 * usage.n_calls)
         assert row["reward_router"] == pytest.approx(parts.total - 2.0 * row["cost"])
+        # the router part keeps the r_task and λ its r_router was formed from (router.advantage)
+        assert batch.router.task_reward[i] == pytest.approx(parts.total) and batch.router.lam[i] == 2.0
         assert batch.rewards[i] == pytest.approx(row["reward_router"])  # actor_reward: router
     assert {"timing/generation_s", "timing/scoring_s", "rollout/generated_tokens"} <= set(batch.metrics)
 

@@ -166,6 +166,8 @@ def rollout_batch(
         r_task - lam * cost,
         cost,
         torch.full((n,), -1),
+        r_task,
+        torch.full_like(cost, lam),
     )
     empty = torch.zeros(n, 0)
     return RolloutBatch(
