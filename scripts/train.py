@@ -2,8 +2,11 @@
 
 A bad config exits 2 before Hydra creates the run directory, and so before anything is written:
 the command's overrides are composed (unknown keys and wrong types: the schemas in src/config/) and
-validated (ranges, cross-group problems, registry names: ``validate_job``) first, each problem on
-one line naming the key. Then Hydra runs the job."""
+validated (ranges, cross-group problems, registry names: ``validate_job``), and the paths they name
+are checked (run / cache directory, the data files' parquet footers, the run directory against
+``resume``: ``start_problems``) first, each problem on one line naming the key. Then Hydra runs the
+job. A user error only the job can find (malformed rows, prompts all too long, a model that does not
+fit the checkpoint: a ``UserError``) is one line too, exit 2; a traceback is left for bugs."""
 
 import logging
 import signal
@@ -16,7 +19,7 @@ from omegaconf import DictConfig
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from src.config.job import register_configs  # noqa: E402
-from src.config.validate import ConfigError  # noqa: E402
+from src.config.validate import ConfigError, UserError  # noqa: E402
 
 CONFIG_ERROR_EXIT = 2
 PREFLIGHT_VALIDATED = False  # preflight's answer: the job's config passed validate_job already
@@ -54,16 +57,30 @@ def preflight(argv: list[str]) -> bool:
         return False
     from src.config.job import compose_job
     from src.jobs.checks import validate_job
+    from src.jobs.start_checks import start_problems
 
     try:
-        validate_job(compose_job(argv))
+        cfg = compose_job(argv)
+        validate_job(cfg)
     except ConfigError as err:
-        sys.stderr.write("".join(f"config error: {problem}\n" for problem in err.problems))
-        sys.exit(CONFIG_ERROR_EXIT)
+        exit_on_user_error(err)
     except Exception as err:  # noqa: BLE001 - Hydra / OmegaConf composition errors, each naming the key
         sys.stderr.write(f"config error: {composition_error(err)}\n")
         sys.exit(CONFIG_ERROR_EXIT)
+    problems = start_problems(cfg)  # the paths, once the config is known to be sound
+    if problems:
+        exit_on_user_error(ConfigError(problems))
     return True
+
+
+def exit_on_user_error(err: UserError) -> None:
+    """Say a user error on stderr, one line a problem (a ``ConfigError`` lists several), and exit 2."""
+    if isinstance(err, ConfigError):
+        lines = [f"config error: {problem}" for problem in err.problems]
+    else:
+        lines = [f"error: {' '.join(str(err).split())}"]  # one line, whatever the message held
+    sys.stderr.write("".join(f"{line}\n" for line in lines))
+    sys.exit(CONFIG_ERROR_EXIT)
 
 
 def composition_error(err: BaseException) -> str:
@@ -89,9 +106,8 @@ def main(cfg: DictConfig) -> None:
 
     try:
         metrics, _ = train(cfg, validated=PREFLIGHT_VALIDATED)  # validated once, before Hydra's writes
-    except ConfigError as err:
-        logging.getLogger("toolrouter").error("%s", err)
-        sys.exit(CONFIG_ERROR_EXIT)
+    except UserError as err:  # found by the job (data rows, a checkpoint that does not fit): one line
+        exit_on_user_error(err)
     except SystemExit as stop:
         if stop.code in (128 + signal.SIGINT, 128 + signal.SIGTERM):
             keep_exit_code_on_signals()

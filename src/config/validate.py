@@ -21,7 +21,13 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from src.config.job import file_list
 
 
-class ConfigError(ValueError):
+class UserError(Exception):
+    """A command the user fixes by changing it (a config, a data file, a run directory), not a bug:
+    the entry point prints its message as one line and exits 2, without a traceback. Each subclass
+    also derives from the built-in error a caller would catch (``ValueError``, ``FileExistsError``)."""
+
+
+class ConfigError(UserError, ValueError):
     """A job config that cannot run. ``problems`` lists ``"<key>: <what is wrong>"`` lines."""
 
     def __init__(self, problems: list[str]):

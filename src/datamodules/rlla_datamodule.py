@@ -22,7 +22,7 @@ import lightning as L
 from torch.utils.data import DataLoader, Dataset
 
 from src.datamodules.position import DataPosition, EpochSeededSampler, rank_and_world, train_position
-from src.datamodules.schema import RLLARecord, read_rlla_parquet
+from src.datamodules.schema import DataError, RLLARecord, first_row_problem, read_rlla_parquet
 
 __all__ = [
     "EpochSeededSampler",
@@ -140,35 +140,23 @@ class RLLADataModule(L.LightningDataModule):
     # ------------------------------------------------------------------ loading
     def _load(self, files: list[str], split: str) -> RLLADataset:
         records: list[dict[str, Any]] = []
-        read, dropped = 0, Counter()
+        read, dropped, all_lengths = 0, Counter(), []
         for path in files:
             rows, skipped = read_rlla_parquet(path)
             if skipped and not rows:
-                raise ValueError(
-                    f"{path}: none of its {sum(skipped.values())} rows is usable: {dict(skipped)}"
+                raise DataError(
+                    f"{path}: none of its {sum(skipped.values())} rows is usable {dict(skipped)}, e.g. "
+                    f"{first_row_problem(path)}; fix the file or point data.{split}_files at another"
                 )
             read += len(rows) + sum(skipped.values())
             dropped.update(skipped)
-            n_long = 0
-            for row in rows:
-                ids = prompt_token_ids(self.tokenizer, row.messages)
-                if len(ids) > self.max_prompt_length:
-                    n_long += 1
-                    if self.filter_overlong:
-                        continue
-                records.append(_to_record(row, ids))
-            if n_long:
-                verb = "dropped" if self.filter_overlong else "kept (not filtered)"
-                log.warning(
-                    "%s: %s %d of %d rows longer than %d prompt tokens",
-                    Path(path).name,
-                    verb,
-                    n_long,
-                    len(rows),
-                    self.max_prompt_length,
-                )
-                if self.filter_overlong:
-                    dropped["overlong"] += n_long
+            kept, lengths = self._measure(rows)
+            records += kept
+            all_lengths += lengths
+            n_long = sum(n > self.max_prompt_length for n in lengths)
+            self._warn_overlong(path, len(rows), n_long)
+            if self.filter_overlong and n_long:
+                dropped["overlong"] += n_long
         _warn_duplicate_uids(records, split)
         self.stats[split] = {
             "files": len(files),
@@ -178,11 +166,38 @@ class RLLADataModule(L.LightningDataModule):
         }
         log.info("RLLA %s: %s", split, self.stats[split])
         if files and not records:
-            raise ValueError(
-                f"no {split} rows left in {files}: {self.stats[split]} "
-                f"(max_prompt_length={self.max_prompt_length}; raise data.max_prompt_length?)"
-            )
+            raise DataError(self._nothing_left(files, split, read, all_lengths))
         return RLLADataset(records)
+
+    def _nothing_left(self, files: list[str], split: str, read: int, lengths: list[int]) -> str:
+        if not read:  # the entry point names an empty file at start-up; in-process callers get this
+            return f"data.{split}_files: {files} hold no rows; point it at RLLA parquet files with rows"
+        return (
+            f"data.max_prompt_length={self.max_prompt_length}: every one of the {read} {split} prompts in "
+            f"{files} is longer (the shortest has {min(lengths)} tokens); raise data.max_prompt_length"
+        )
+
+    def _measure(self, rows: list[RLLARecord]) -> tuple[list[dict[str, Any]], list[int]]:
+        """The records kept under the length filter, and every row's prompt length in tokens."""
+        kept, lengths = [], []
+        for row in rows:
+            ids = prompt_token_ids(self.tokenizer, row.messages)
+            lengths.append(len(ids))
+            if len(ids) <= self.max_prompt_length or not self.filter_overlong:
+                kept.append(_to_record(row, ids))
+        return kept, lengths
+
+    def _warn_overlong(self, path: str, n_rows: int, n_long: int) -> None:
+        if n_long:
+            verb = "dropped" if self.filter_overlong else "kept (not filtered)"
+            log.warning(
+                "%s: %s %d of %d rows longer than %d prompt tokens",
+                Path(path).name,
+                verb,
+                n_long,
+                n_rows,
+                self.max_prompt_length,
+            )
 
     def setup(self, stage: str | None = None) -> None:
         if stage in (None, "fit") and self.train_dataset is None:

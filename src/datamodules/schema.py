@@ -25,15 +25,18 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from src.config.validate import UserError
 from src.rewards.dispatch import row_problem
 
 __all__ = [
-    "RLLA_ARROW_SCHEMA",
     "REQUIRED_COLUMNS",
+    "RLLA_ARROW_SCHEMA",
+    "DataError",
     "RLLARecord",
     "RowError",
     "SchemaError",
     "extract_records",
+    "parquet_problem",
     "parse_rlla_row",
     "read_rlla_parquet",
     "validate_rlla_frame",
@@ -69,7 +72,12 @@ REQUIRED_COLUMNS = ("data_source", "prompt", "reward_model", "extra_info")
 REQUIRED_FIELDS = {"reward_model": ("ground_truth",), "extra_info": ("index",)}
 
 
-class SchemaError(ValueError):
+class DataError(UserError, ValueError):
+    """The data a job is pointed at cannot train it (unreadable, wrong schema, no usable row): the
+    user's to fix, so the entry point prints the one line and exits 2."""
+
+
+class SchemaError(DataError):
     """A file cannot be read as RLLA data (missing column or field)."""
 
 
@@ -217,3 +225,38 @@ def read_rlla_parquet(path: str | Path) -> tuple[list[RLLARecord], Counter]:
     except (pa.ArrowInvalid, OSError) as err:
         raise SchemaError(f"{path.name}: not a readable parquet file ({err})") from err
     return extract_records(df, path)
+
+
+def parquet_problem(path: str | Path) -> str | None:
+    """What makes ``path`` unusable as RLLA data that its parquet footer alone shows (not a parquet
+    file, cut short, a required column or field missing, no rows), or None. Reads the footer only,
+    so a start-up check of large files stays cheap; malformed rows are the loader's to count."""
+    try:
+        with pq.ParquetFile(path) as f:
+            schema, rows = f.schema_arrow, f.metadata.num_rows
+    except (pa.ArrowInvalid, OSError) as err:  # no parquet magic / footer: not parquet, or truncated
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        return f"not a readable parquet file ({reason})"
+    missing = [c for c in REQUIRED_COLUMNS if c not in schema.names]
+    if missing:
+        return f"missing column(s) {missing} (has {schema.names}; RLLA files have {list(REQUIRED_COLUMNS)})"
+    for column, fields in REQUIRED_FIELDS.items():
+        kind = schema.field(column).type
+        have = [kind.field(i).name for i in range(kind.num_fields)] if pa.types.is_struct(kind) else []
+        lacking = [f for f in fields if f not in have]
+        if lacking:
+            return f"column {column!r} has no field(s) {lacking} (it holds {kind})"
+    if rows == 0:
+        return "holds no rows (0 rows)"
+    return None
+
+
+def first_row_problem(path: str | Path) -> str:
+    """The problem of row 0 of a file none of whose rows is usable (so row 0 is bad too), named
+    with the file and row: the one line that tells the user what the file's rows look like."""
+    row = pq.read_table(path).slice(0, 1).to_pandas().to_dict(orient="records")[0]
+    try:
+        parse_rlla_row(row, 0, path)
+    except RowError as err:
+        return str(err)
+    return f"{_name(path)} row 0: usable"

@@ -30,12 +30,16 @@ from src.callbacks.run_logs import (
     truncate_tensorboard,
 )
 from src.callbacks.step_scalars import StepScalars
+from src.config.validate import UserError
 
 __all__ = [
     "CutLogsOnceRestored",
+    "ResumeError",
     "ResumePoint",
+    "RunExistsError",
     "already_finished",
     "check_callback_states",
+    "check_checkpoint_shapes",
     "cut_logs_back",
     "intact_resume_point",
     "logs_cut_once_restored",
@@ -44,6 +48,15 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+
+class ResumeError(UserError, ValueError):
+    """A resume that cannot continue the run (no intact checkpoint, a model that does not fit the
+    checkpoint): refused before anything of the run was changed; the entry point exits 2."""
+
+
+class RunExistsError(UserError, FileExistsError):
+    """A fresh run (no ``resume=true``) into a ``run_dir`` that already holds a run."""
 
 
 @dataclass(frozen=True)
@@ -71,12 +84,13 @@ def read_resume_point(ckpt: Path) -> ResumePoint:
     return ResumePoint(ckpt, step, carried.step if carried else step, tuple(state.get("callbacks", {})))
 
 
-def intact_resume_point(checkpoint_dir: Path) -> ResumePoint | None:
+def intact_resume_point(checkpoint_dir: Path, warn: bool = True) -> ResumePoint | None:
     """The resume point of the manifest's checkpoint, else of the newest intact ``*.ckpt``.
 
     A checkpoint that cannot be read (empty, cut short, corrupt) is named in a warning and the
-    next newest is tried; None when there is no checkpoint; ValueError naming every one when none
-    is intact.
+    next newest is tried; None when there is no checkpoint; ``ResumeError`` naming every one when
+    none is intact. ``warn=False``: no warning (the entry point's start-up check, before logging is
+    configured, would print them twice).
     """
     first = latest_checkpoint(checkpoint_dir)
     if first is None:
@@ -86,18 +100,28 @@ def intact_resume_point(checkpoint_dir: Path) -> ResumePoint | None:
         key=lambda p: p.stat().st_mtime,
         reverse=True,
     )
-    broken = []
+    broken: list[str] = []
+    first_reason = ""
     for ckpt in (first, *others):
         try:
             point = read_resume_point(ckpt)
         except Exception as err:  # noqa: BLE001 - any unreadable checkpoint: try the next one
-            broken.append(f"{ckpt} ({type(err).__name__}: {str(err)[:200]})")
-            log.warning("checkpoint %s is not readable (%s); trying the next newest", ckpt, broken[-1])
+            reason = (
+                f"{type(err).__name__}: {' '.join(str(err).split())[:160]}"  # one line: torch's span several
+            )
+            broken.append(ckpt.name)
+            first_reason = first_reason or f"{ckpt.name}: {reason}"
+            if warn:
+                log.warning("checkpoint %s is not readable (%s); trying the next newest", ckpt, reason)
             continue
-        if broken:
+        if broken and warn:
             log.warning("resuming from %s instead of the unreadable %s", ckpt, ", ".join(broken))
         return point
-    raise ValueError(f"no intact checkpoint in {checkpoint_dir}: " + "; ".join(broken))
+    raise ResumeError(
+        f"resume=true: no intact checkpoint in {checkpoint_dir} to resume from ({len(broken)} unreadable: "
+        f"{', '.join(broken)}; {first_reason}); "
+        "restore one, or start a new run (a new run_dir, without resume=true)"
+    )
 
 
 def prepare_run_dir(run_dir: str | Path, resume: bool) -> ResumePoint | None:
@@ -113,7 +137,7 @@ def prepare_run_dir(run_dir: str | Path, resume: bool) -> ResumePoint | None:
     remove_interrupted_writes(run_dir)
     if not resume:
         if found := existing_run_artefacts(run_dir):
-            raise FileExistsError(
+            raise RunExistsError(
                 f"run_dir={run_dir} already holds a run ({found[0].name} and {len(found) - 1} more): "
                 "continue it with resume=true, or choose a new run_dir"
             )
@@ -123,6 +147,60 @@ def prepare_run_dir(run_dir: str | Path, resume: bool) -> ResumePoint | None:
         log.warning("resume=true but no checkpoint in %s/checkpoints: starting from step 0", run_dir)
         point = ResumePoint(None, 0, 0)
     return point
+
+
+def check_checkpoint_shapes(point: ResumePoint, module: pl.LightningModule, config: dict) -> None:
+    """Refuse (``ResumeError``, one line) a resume whose model does not fit its checkpoint, e.g. a
+    changed ``router.mlp_hidden``, before the trainer is built: Lightning would fail only inside the
+    fit, after its logger opened a file in the run. Names the first tensor that differs and the keys
+    whose values differ from the run's (its manifest's config). Sharded checkpoints are left to
+    Lightning; ``config``: this command's resolved config."""
+    if point.checkpoint is None or point.checkpoint.is_dir():
+        return
+    import torch
+
+    saved = torch.load(point.checkpoint, map_location="cpu", mmap=True, weights_only=False)["state_dict"]
+    own = module.state_dict()
+    wrong = [
+        (key, tuple(saved[key].shape), tuple(own[key].shape))
+        for key in saved
+        if key in own and hasattr(saved[key], "shape") and tuple(saved[key].shape) != tuple(own[key].shape)
+    ]
+    if not wrong:
+        return
+    key, theirs, ours = wrong[0]
+    changed = changed_keys(point.checkpoint.parent / "manifest.yaml", config)
+    raise ResumeError(
+        f"resume=true: {point.checkpoint} does not fit this run's model ({len(wrong)} tensors differ, "
+        f"e.g. {key}: {theirs} there, {ours} here){changed}; resume with the run's own overrides "
+        "(checkpoints/manifest.yaml: resume_command)"
+    )
+
+
+def changed_keys(manifest: Path, config: dict) -> str:
+    """``"; changed: key: run's -> this command's, ..."`` for the config keys whose values differ
+    from the run's manifest (the bookkeeping keys of a resume aside); "" when unknown."""
+    try:
+        recorded = yaml.safe_load(manifest.read_text()).get("config") or {}
+    except (OSError, yaml.YAMLError, AttributeError):
+        return ""
+    then, now = _leaves(recorded), _leaves(config)
+    bookkeeping = {"resume", "run_dir", "trainer.max_steps"}
+    diffs = [
+        f"{k}: {then.get(k)!r} -> {now.get(k)!r}"
+        for k in sorted(set(then) | set(now))
+        if k not in bookkeeping and then.get(k) != now.get(k)
+    ]
+    return f"; changed: {', '.join(diffs[:4])}" if diffs else ""
+
+
+def _leaves(node: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(node, dict):
+        return {prefix: node}
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        out.update(_leaves(value, f"{prefix}.{key}" if prefix else str(key)))
+    return out
 
 
 def already_finished(point: ResumePoint | None, max_steps: int) -> bool:
@@ -177,7 +255,7 @@ def check_callback_states(point: ResumePoint, trainer) -> None:
         key for key in point.callback_states if key not in present and key.split("{")[0] not in checkpointers
     ]
     if missing:
-        raise ValueError(
+        raise ResumeError(
             f"{point.checkpoint} holds the state of callbacks this run does not configure: {missing}; "
             "resume with the same overrides (see checkpoints/manifest.yaml: resume_command)"
         )

@@ -11,7 +11,7 @@ import lightning.pytorch as pl
 import torch
 from hydra.utils import instantiate
 from lightning.pytorch.utilities.exceptions import SIGTERMException
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from src.callbacks.checkpointing import Preempted, StopOnSignal
 from src.callbacks.step_only import StepOnlyScalars
@@ -24,7 +24,14 @@ from src.jobs.build import (
     build_trainer,
 )
 from src.jobs.checks import validate_job
-from src.jobs.resume import already_finished, check_callback_states, logs_cut_once_restored, prepare_run_dir
+from src.jobs.launch_record import LaunchRecord, save_launch_record
+from src.jobs.resume import (
+    already_finished,
+    check_callback_states,
+    check_checkpoint_shapes,
+    logs_cut_once_restored,
+    prepare_run_dir,
+)
 from src.jobs.router_pooling import set_up_router_input
 from src.jobs.warm_start import base_model_dir, model_dir
 from src.models.loading import load_tokenizer
@@ -92,11 +99,14 @@ def train(cfg: DictConfig, validated: bool = False) -> tuple[dict[str, float], d
     quiet_known_library_output()
     if cfg.trainer.threads is not None:  # before any work: reductions split by thread count
         torch.set_num_threads(int(cfg.trainer.threads))
-    pl.seed_everything(cfg.seed, workers=True)
+    # Lightning would say this on stderr, which stays for errors (a user error is its one line)
+    pl.seed_everything(cfg.seed, workers=True, verbose=False)
+    log.info("Seed set to %d", cfg.seed)
     torch.set_float32_matmul_precision("high")
     if cfg.task == "sft":
         from src.jobs.sft import run_sft
 
+        save_launch_record(cfg, cfg.run_dir)
         return run_sft(cfg)
     point = prepare_run_dir(cfg.run_dir, bool(cfg.resume))
     if already_finished(point, int(cfg.trainer.max_steps)):  # says so; nothing is changed
@@ -108,12 +118,17 @@ def train(cfg: DictConfig, validated: bool = False) -> tuple[dict[str, float], d
 
         log.info("harmony token ids: %s", harmony_token_ids(tokenizer))
     datamodule = build_datamodule(cfg, tokenizer)
+    # read now, before the model is built: a data file none of whose rows can train (malformed,
+    # all too long) ends the job with its one line before anything is written or loaded
+    datamodule.setup("fit")
     pipeline = build_rollout_pipeline(cfg, tokenizer, path, datamodule)
     # Building a missing base model or warm start (model_dir above) draws from the global RNG; the
     # module's initial weights (the router head) must not depend on whether they were cached.
-    pl.seed_everything(cfg.seed, workers=True)
+    pl.seed_everything(cfg.seed, workers=True, verbose=False)
     module = build_module(cfg, path, pipeline)
     ckpt = point.checkpoint if point else None
+    if ckpt is not None:  # a model that does not fit the checkpoint: refused before the trainer exists
+        check_checkpoint_shapes(point, module, OmegaConf.to_container(cfg, resolve=True))
     if ckpt is None and module.router_head is not None:  # a resumed run restores them from its checkpoint
         set_up_router_input(
             module, base_model_dir(cfg), datamodule, tokenizer.pad_token_id, Path(cfg.cache_dir)
@@ -123,13 +138,22 @@ def train(cfg: DictConfig, validated: bool = False) -> tuple[dict[str, float], d
         *build_rl_callbacks(cfg, tokenizer),
         StepScalarCarry(),
         *configured_callbacks(cfg),
+        LaunchRecord(cfg, cfg.run_dir),  # Hydra's record of this launch, once the fit started
     ]
     trainer = build_trainer(cfg, callbacks)
     if ckpt is not None:
         check_callback_states(point, trainer)
         log.info("resuming from %s", ckpt)
+    metrics = fit(trainer, module, datamodule, cfg.run_dir, point)
+    return metrics, {"trainer": trainer, "module": module, "datamodule": datamodule}
+
+
+def fit(trainer: pl.Trainer, module, datamodule, run_dir: str, point) -> dict[str, float]:
+    """``trainer.fit`` (from ``point``'s checkpoint when resuming); the final logged metrics.
+    Raises :class:`Preempted` when a signal stopped it before ``trainer.max_steps``."""
+    ckpt = point.checkpoint if point else None
     try:
-        with logs_cut_once_restored(trainer, cfg.run_dir, point):  # cut once the checkpoint loaded
+        with logs_cut_once_restored(trainer, run_dir, point):  # cut once the checkpoint loaded
             trainer.fit(module, datamodule=datamodule, ckpt_path=str(ckpt) if ckpt else None)
     except SIGTERMException as e:  # SIGTERM before our handler took over: Lightning exits with 0
         raise Preempted(15) from e
@@ -137,5 +161,4 @@ def train(cfg: DictConfig, validated: bool = False) -> tuple[dict[str, float], d
     finished = 0 < trainer.max_steps <= trainer.global_step  # a signal during the last step: done
     if stopper is not None and stopper.stopped_by is not None and not finished:
         raise Preempted(stopper.stopped_by)
-    metrics = {k: float(v) for k, v in trainer.logged_metrics.items()}
-    return metrics, {"trainer": trainer, "module": module, "datamodule": datamodule}
+    return {k: float(v) for k, v in trainer.logged_metrics.items()}
