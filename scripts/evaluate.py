@@ -20,6 +20,12 @@ also routing under B with a p_tool threshold calibrated on --calibrate (held-out
     python scripts/evaluate.py --run <run> --routing ../shared/data/rlla_4k/test.parquet
     python scripts/evaluate.py --run <run> --routing test.parquet --budget 0.3 --calibrate val.parquet
     python scripts/evaluate.py --run <run> --routing test.parquet --out routes.csv   # one row per prompt
+How each run holds its budget (src.budget_report: Ê[cost] of the last 50 / 100 steps, the 25-step
+windows, the settling step, λ's range and coefficient of variation, held-out routing; one JSON line a
+run on stdout, then a markdown table):
+
+    python scripts/evaluate.py --budget-report outputs/router_grpo/<stamp> outputs/router_grpo/<other>
+
 Budget sweep frontier (route tables on held-out prompts, learned router vs baselines, per budget):
 
     python scripts/evaluate.py --sweep outputs/router_sweep/<stamp> --out-dir outputs/router_sweep/<stamp>
@@ -47,6 +53,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     src.add_argument("--ckpt", help="one checkpoint file (a manifest.yaml must sit beside it)")
     src.add_argument("--model", help="a plain HF model directory (API-Bank only; no router)")
     src.add_argument("--sweep", help="a budget sweep's directory: frontier table + figure per budget")
+    src.add_argument(
+        "--budget-report", nargs="+", metavar="RUN", help="run directories: how each holds its budget"
+    )
     p.add_argument(
         "--parquet",
         help="RLLA-schema parquet to score (sweep: held-out prompts, default each run's val file)",
@@ -287,6 +296,12 @@ def main(argv: list[str] | None = None) -> int:
         return main_api_bank(args)
     if args.sweep:
         return main_sweep(args)
+    if args.budget_report:
+        from src.budget_report import budget_report, markdown_table
+
+        reports = [budget_report(run) for run in args.budget_report]
+        print("\n".join(json.dumps(r) for r in reports) + "\n\n" + markdown_table(reports), flush=True)
+        return 0
     if args.routing:
         return main_routing(args)
     import pandas as pd
