@@ -21,7 +21,7 @@ __all__ = ["SignalAtStep"]
 
 log = logging.getLogger(__name__)
 
-HOOKS = ("batch_start", "batch_end")
+HOOKS = ("batch_start", "batch_end", "val_batch_start")
 
 
 class SignalAtStep(pl.Callback):
@@ -29,7 +29,9 @@ class SignalAtStep(pl.Callback):
 
     ``at="batch_end"``: after step ``step``'s update (global_step == step), before that step's
     checkpoint and logs; ``at="batch_start"``: as step ``step`` + 1 begins (before its rollouts),
-    i.e. in the middle of a step.
+    i.e. in the middle of a step; ``at="val_batch_start"``: as the first batch of the validation
+    after step ``step`` begins (after that step's checkpoint, before any of the validation's
+    outputs), i.e. in the middle of a validation.
     """
 
     def __init__(self, step: int, signal: str = "SIGKILL", at: str = "batch_end"):
@@ -54,3 +56,7 @@ class SignalAtStep(pl.Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self._maybe_send(trainer, "batch_end")
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
+        if not trainer.sanity_checking:
+            self._maybe_send(trainer, "val_batch_start")

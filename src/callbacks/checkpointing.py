@@ -184,6 +184,21 @@ class ManifestWriter:
             "resume_command": self.resume_command,
             "config": self.config,
         }
+        self._replace(manifest)
+
+    def mark_validated(self, trainer) -> None:
+        """Record in the manifest that the validation at the current logger step has written all
+        its outputs (files, flushed TensorBoard points): a resume from the checkpoint it followed
+        need not run it again (``src.callbacks.validation_replay``)."""
+        from src.callbacks.run_logs import logger_step
+
+        if not trainer.is_global_zero or not self.path.exists():
+            return
+        manifest = yaml.safe_load(self.path.read_text())
+        if isinstance(manifest, dict):  # a broken manifest stays as it is: the resume then validates again
+            self._replace({**manifest, "validated_step": logger_step(trainer)})
+
+    def _replace(self, manifest: dict) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".yaml.tmp")
         tmp.write_text(yaml.safe_dump(manifest, sort_keys=False))
@@ -196,7 +211,10 @@ class ManifestCheckpoint(ModelCheckpoint):
     Every ``every_n_train_steps`` steps and at the last step (``max_steps``), in
     ``on_train_batch_end``. Lightning's other save points (epoch end, validation end, train end)
     are off: their states come after the step's end hooks (an epoch counted as finished, a
-    stopped loop) and would not resume exactly.
+    stopped loop) and would not resume exactly. So a checkpoint comes before the validation of its
+    step: at the end of that validation the manifest records it as complete
+    (``validated_step``); a resume finding it incomplete runs it again
+    (``src.callbacks.validation_replay``).
     """
 
     def __init__(self, manifest: ManifestWriter, **kwargs):
@@ -222,7 +240,9 @@ class ManifestCheckpoint(ModelCheckpoint):
         return
 
     def on_validation_end(self, trainer, pl_module) -> None:
-        return
+        # after Lightning wrote (and flushed) the validation's points and every callback its files
+        if not trainer.sanity_checking:
+            self.manifest.mark_validated(trainer)
 
     def on_train_end(self, trainer, pl_module) -> None:
         return
@@ -266,6 +286,7 @@ class StopOnSignal(Checkpoint):
             if self.manifest is not None:
                 reason = f"signal:{signal.Signals(self.stopped_by).name}"
                 self.manifest.write(trainer, self.save_to, reason=reason)
+        skip_validation(trainer, keep_scheduled=finished)
         if self.manifest is not None:
             log.warning(
                 "stopped after step %d; resume: %s", trainer.global_step, self.manifest.resume_command
@@ -285,6 +306,18 @@ class StopOnSignal(Checkpoint):
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
         self.latch.restore()
+
+
+def skip_validation(trainer, keep_scheduled: bool) -> None:
+    """No validation after the step now ending, before a stop: Lightning validates when a batch
+    ends with ``trainer.should_stop`` set, off its schedule, and an uninterrupted run has no such
+    validation. ``keep_scheduled``: a validation due on schedule still runs (the run's last step:
+    nothing resumes after it); otherwise the resume runs it (``src.callbacks.validation_replay``).
+    Lightning's own flag for skipping the next validation (set by its restart logic) does it."""
+    from src.callbacks.validation_replay import scheduled_validation
+
+    if not (keep_scheduled and scheduled_validation(trainer)):
+        trainer.fit_loop.epoch_loop._skip_next_val = True
 
 
 def latest_checkpoint(checkpoint_dir: str | os.PathLike) -> Path | None:

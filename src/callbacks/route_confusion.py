@@ -13,6 +13,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from src.callbacks.rollout_logger import step_rollout
+from src.callbacks.run_logs import logger_step
 from src.rollout.batch import step_draw
 from src.rollout.metrics import confusion_markdown, route_accuracy, route_confusion
 
@@ -28,10 +29,11 @@ class RouteConfusionLogger(pl.Callback):
         self.routes: list[str] = []
         self.last: tuple[int, str] | None = None  # (logger step, text) of the last write
 
-    def on_fit_start(self, trainer, pl_module) -> None:
-        # resumed right after a write: cutting the event files back to the last logged step
-        # (global_step - 1, see src/jobs/resume.py) dropped it
-        if self.last is not None and self.last[0] >= trainer.global_step - 1:
+    def on_train_start(self, trainer, pl_module) -> None:
+        # resumed right after a write: cutting the event files back to the checkpointed step's
+        # logger step (see src/jobs/resume.py) dropped it. Not in on_fit_start: the loops (the
+        # step counters) are restored only after it, and an earlier write was emitted twice.
+        if self.last is not None and self.last[0] >= logger_step(trainer):
             self._emit(trainer, *self.last)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:

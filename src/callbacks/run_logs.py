@@ -16,7 +16,10 @@ import os
 import re
 from pathlib import Path
 
+from lightning.pytorch.loggers import TensorBoardLogger
+
 __all__ = [
+    "RunTensorBoardLogger",
     "existing_run_artefacts",
     "logger_step",
     "remove_interrupted_writes",
@@ -26,6 +29,8 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+VAL_PREFIX = "val/"  # the tags of a validation's points
 
 _ROLLOUT_FILE = re.compile(r"step_(\d+)\.parquet")
 # a validation's rollouts and held-out routes (rollouts/val/), named by the logger step (``logger_step``)
@@ -69,13 +74,16 @@ def logger_step(trainer) -> int:
     return int(trainer.fit_loop.epoch_loop._batches_that_stepped)
 
 
-def truncate_rollouts(rollout_dir: str | os.PathLike, keep_below: int) -> int:
-    """Delete the ``step_XXXXXXXX.parquet`` files and the validations' files (``val/``) of steps
-    >= ``keep_below``. Returns how many.
+def truncate_rollouts(
+    rollout_dir: str | os.PathLike, keep_below: int, val_keep_below: int | None = None
+) -> int:
+    """Delete the ``step_XXXXXXXX.parquet`` files of steps >= ``keep_below`` and the validations'
+    files (``val/``) of steps >= ``val_keep_below`` (None: ``keep_below``). Returns how many.
 
     A checkpoint after S steps (global step S) is saved before the validation that follows step
     S - 1 (named S - 1), from the same weights: a run resumed from it keeps that validation's files
-    (rewritten if it runs it again)."""
+    when it was complete, else it runs it again (``val_keep_below`` S - 1)."""
+    val_keep_below = keep_below if val_keep_below is None else val_keep_below
     dropped = 0
     for path in sorted(Path(rollout_dir).glob("step_*.parquet")):
         match = _ROLLOUT_FILE.fullmatch(path.name)
@@ -84,22 +92,23 @@ def truncate_rollouts(rollout_dir: str | os.PathLike, keep_below: int) -> int:
             dropped += 1
     for path in sorted(Path(rollout_dir).glob("val/*.parquet")):
         match = _VAL_FILE.fullmatch(path.name)
-        if match and int(match.group(1)) >= keep_below:
+        if match and int(match.group(1)) >= val_keep_below:
             path.unlink()
             dropped += 1
     return dropped
 
 
-def truncate_event_file(path: str | os.PathLike, keep_below: int) -> int:
+def truncate_event_file(path: str | os.PathLike, keep_below: int, keep_validation: bool = True) -> int:
     """Rewrite one event file without the summaries at steps >= ``keep_below`` but the validation's
-    at ``keep_below`` (and without a truncated last record). Returns the number of events dropped; untouched when nothing goes."""
+    at ``keep_below`` (``keep_validation``; else it goes too) and without a truncated last record.
+    Returns the number of events dropped; untouched when nothing goes."""
     from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
     from tensorboard.compat.proto.event_pb2 import Event
     from tensorboard.summary.writer.record_writer import RecordWriter
 
     path = Path(path)
     records = list(RawEventFileLoader(str(path)).Load())  # stops at a record cut short by a kill
-    kept = [r for r in records if _keep(Event.FromString(r), keep_below)]
+    kept = [r for r in records if _keep(Event.FromString(r), keep_below, keep_validation)]
     framed = sum(len(r) + 16 for r in records)  # 8 length + 4 crc + data + 4 crc per record
     if len(kept) == len(records) and framed == path.stat().st_size:
         return 0
@@ -114,18 +123,33 @@ def truncate_event_file(path: str | os.PathLike, keep_below: int) -> int:
     return len(records) - len(kept)
 
 
-def _keep(event, keep_below: int) -> bool:
+def _keep(event, keep_below: int, keep_validation: bool) -> bool:
     # file-version, graph and session events carry no scalars: keep them whatever their step.
-    # At the resume step itself only the validation's points stay: that validation ran after the
-    # checkpoint was saved, from the same weights, and the resumed run does not run it again; the
-    # step's training points are logged again from the checkpoint (StepScalarCarry).
+    # At the resume step itself only the validation's points may stay: that validation ran after
+    # the checkpoint was saved, from the same weights, and the resumed run runs it again only when
+    # it was not complete (then they go); the step's training points are logged again from the
+    # checkpoint (StepScalarCarry).
     if not event.HasField("summary") or event.step < keep_below:
         return True
     values = event.summary.value
-    return event.step == keep_below and bool(values) and all(v.tag.startswith("val/") for v in values)
+    at_resume_step = keep_validation and event.step == keep_below
+    return at_resume_step and bool(values) and all(v.tag.startswith(VAL_PREFIX) for v in values)
 
 
-def truncate_tensorboard(tb_dir: str | os.PathLike, keep_below: int) -> int:
+def truncate_tensorboard(tb_dir: str | os.PathLike, keep_below: int, keep_validation: bool = True) -> int:
     """:func:`truncate_event_file` on every event file of ``tb_dir``. Returns events dropped."""
     files = sorted(Path(tb_dir).glob("events.out.tfevents.*"))
-    return sum(truncate_event_file(f, keep_below) for f in files)
+    return sum(truncate_event_file(f, keep_below, keep_validation) for f in files)
+
+
+class RunTensorBoardLogger(TensorBoardLogger):
+    """Lightning's TensorBoard logger, with one ``epoch`` point per step: Lightning adds ``epoch``
+    to every call that logs, so a step followed by a validation got two (the training step's and
+    the validation's, at the same step), and a resume that keeps one validation but logs the step
+    again could not tell them apart. The validation's call (only ``val/`` points) goes without it."""
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        others = [k for k in metrics if k != "epoch"]
+        if "epoch" in metrics and others and all(k.startswith(VAL_PREFIX) for k in others):
+            metrics = {k: metrics[k] for k in others}
+        super().log_metrics(metrics, step)

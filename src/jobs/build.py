@@ -17,7 +17,6 @@ from typing import Any
 
 import lightning.pytorch as pl
 from hydra.utils import instantiate
-from lightning.pytorch.loggers import TensorBoardLogger
 from omegaconf import DictConfig, OmegaConf
 
 from src.callbacks.checkpointing import (
@@ -27,6 +26,7 @@ from src.callbacks.checkpointing import (
     StopOnSignal,
 )
 from src.callbacks.progress import StepProgressBar
+from src.callbacks.run_logs import RunTensorBoardLogger
 from src.config.sampling import eval_sampling, merge_sampling, train_sampling
 from src.config.schema import AlgorithmGroupConfig, RouterConfig
 from src.config.validate import world_size
@@ -151,7 +151,7 @@ def build_trainer(cfg: DictConfig, extra_callbacks: list[pl.Callback]) -> pl.Tra
         callbacks=callbacks,
         val_check_interval=t.val_check_interval,
         check_val_every_n_epoch=None if t.val_check_interval else 1,
-        logger=TensorBoardLogger(save_dir=str(run_dir), name="tensorboard", version=""),
+        logger=RunTensorBoardLogger(save_dir=str(run_dir), name="tensorboard", version=""),
         plugins=[AtomicCheckpointIO()] if not str(t.strategy).startswith(("deepspeed", "fsdp")) else None,
         default_root_dir=str(run_dir),
         enable_model_summary=False,

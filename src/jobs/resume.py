@@ -30,6 +30,7 @@ from src.callbacks.run_logs import (
     truncate_tensorboard,
 )
 from src.callbacks.step_scalars import StepScalars
+from src.callbacks.validation_replay import CHECKPOINT_KEY as VALIDATION_KEY
 from src.config.validate import UserError
 
 __all__ = [
@@ -62,12 +63,15 @@ class RunExistsError(UserError, FileExistsError):
 @dataclass(frozen=True)
 class ResumePoint:
     """Where a resumed run starts: ``global_step`` steps done; TensorBoard continues at
-    ``logger_step``; ``callback_states`` are the callback state keys the checkpoint holds."""
+    ``logger_step``; ``callback_states`` are the callback state keys the checkpoint holds;
+    ``validation``: the logger step of the validation after the checkpointed step that is not
+    complete and is run again first (``src.callbacks.validation_replay``), else None."""
 
     checkpoint: Path | None
     global_step: int
     logger_step: int
     callback_states: tuple[str, ...] = ()
+    validation: int | None = None
 
 
 def read_resume_point(ckpt: Path) -> ResumePoint:
@@ -80,8 +84,27 @@ def read_resume_point(ckpt: Path) -> ResumePoint:
 
     state: dict[str, Any] = torch.load(ckpt, map_location="cpu", mmap=True, weights_only=False)
     step = int(state["global_step"])
+    # the logger step the checkpointed step logs at (and its validation): Lightning's counter,
+    # saved before its increment; older checkpoints: the carried scalars' step
     carried = StepScalars.from_checkpoint(state)
-    return ResumePoint(ckpt, step, carried.step if carried else step, tuple(state.get("callbacks", {})))
+    loop = state.get("loops", {}).get("fit_loop", {}).get("epoch_loop.state_dict", {})
+    logged = loop.get("_batches_that_stepped", carried.step if carried else step)
+    validation = incomplete_validation(state.get(VALIDATION_KEY), ckpt.parent / "manifest.yaml")
+    callbacks = tuple(state.get("callbacks", {}))
+    return ResumePoint(ckpt, step, int(logged), callbacks, validation)
+
+
+def incomplete_validation(due: int | None, manifest: Path) -> int | None:
+    """``due`` (the logger step of the validation that follows a checkpoint, None: none) unless the
+    manifest records it as complete (``validated_step``); an unreadable manifest records nothing."""
+    if due is None:
+        return None
+    try:
+        content = yaml.safe_load(manifest.read_text())
+    except (OSError, yaml.YAMLError, UnicodeDecodeError):
+        return int(due)
+    done = content.get("validated_step") if isinstance(content, dict) else None
+    return None if done == int(due) else int(due)
 
 
 def intact_resume_point(checkpoint_dir: Path, warn: bool = True) -> ResumePoint | None:
@@ -205,6 +228,8 @@ def _leaves(node: Any, prefix: str = "") -> dict[str, Any]:
 
 def already_finished(point: ResumePoint | None, max_steps: int) -> bool:
     """Whether the checkpoint to resume from already reached ``trainer.max_steps`` (logged when so)."""
+    # A validation after the last step that a kill cut short stays lost: Lightning's fit loop does
+    # not start (no on_train_start) from a checkpoint that reached max_steps.
     done = point is not None and point.checkpoint is not None and 0 < max_steps <= point.global_step
     if done:
         log.warning(
@@ -228,11 +253,14 @@ def cut_logs_back(run_dir: str | Path, point: ResumePoint, event_files: list[Pat
     if rank_zero_only.rank != 0:
         return
     run_dir = Path(run_dir)
+    # an incomplete validation goes whole (its points and files): the resumed run runs it again
+    keep_validation = point.validation is None
     if event_files is None:
-        events = truncate_tensorboard(run_dir / "tensorboard", point.logger_step)
+        events = truncate_tensorboard(run_dir / "tensorboard", point.logger_step, keep_validation)
     else:
-        events = sum(truncate_event_file(f, point.logger_step) for f in event_files)
-    rows = truncate_rollouts(run_dir / "rollouts", point.global_step)
+        events = sum(truncate_event_file(f, point.logger_step, keep_validation) for f in event_files)
+    val_below = point.global_step if keep_validation else point.validation
+    rows = truncate_rollouts(run_dir / "rollouts", point.global_step, val_below)
     log.info(
         "resuming from %s at step %d: dropped %d TensorBoard events from step %d on and %d rollout "
         "files from step %d on (the resumed run writes them again)",

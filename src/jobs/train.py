@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from src.callbacks.checkpointing import Preempted, StopOnSignal
 from src.callbacks.step_only import StepOnlyScalars
 from src.callbacks.step_scalars import StepScalarCarry
+from src.callbacks.validation_replay import ValidationAfterCheckpoint
 from src.jobs.build import (
     build_datamodule,
     build_module,
@@ -133,19 +134,25 @@ def train(cfg: DictConfig, validated: bool = False) -> tuple[dict[str, float], d
         set_up_router_input(
             module, base_model_dir(cfg), datamodule, tokenizer.pad_token_id, Path(cfg.cache_dir)
         )
-    callbacks = [
-        StepOnlyScalars(),  # first: it clears the previous step's values before anyone logs
-        *build_rl_callbacks(cfg, tokenizer),
-        StepScalarCarry(),
-        *configured_callbacks(cfg),
-        LaunchRecord(cfg, cfg.run_dir),  # Hydra's record of this launch, once the fit started
-    ]
-    trainer = build_trainer(cfg, callbacks)
+    trainer = build_trainer(cfg, rl_fit_callbacks(cfg, tokenizer, point))
     if ckpt is not None:
         check_callback_states(point, trainer)
         log.info("resuming from %s", ckpt)
     metrics = fit(trainer, module, datamodule, cfg.run_dir, point)
     return metrics, {"trainer": trainer, "module": module, "datamodule": datamodule}
+
+
+def rl_fit_callbacks(cfg: DictConfig, tokenizer, point) -> list[pl.Callback]:
+    """The RL fit's callbacks besides the checkpoints; ``point``: the resume point, or None."""
+    return [
+        StepOnlyScalars(),  # first: it clears the previous step's values before anyone logs
+        *build_rl_callbacks(cfg, tokenizer),
+        StepScalarCarry(),
+        # after StepScalarCarry: a validation run again follows the re-logged points of its step
+        ValidationAfterCheckpoint(replay=point.validation if point else None),
+        *configured_callbacks(cfg),
+        LaunchRecord(cfg, cfg.run_dir),  # Hydra's record of this launch, once the fit started
+    ]
 
 
 def fit(trainer: pl.Trainer, module, datamodule, run_dir: str, point) -> dict[str, float]:
