@@ -90,7 +90,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--batch-size must be positive and --limit non-negative")
     if args.model and not args.api_bank:
         p.error("--model works with --api-bank only (a plain model has no router)")
-    if not (args.api_bank or args.sweep or args.parquet or args.routing):
+    if not (args.api_bank or args.sweep or args.budget_report or args.parquet or args.routing):
         p.error("give --parquet (or --routing, --api-bank, or --sweep)")
     if args.budget is not None and not (args.routing and 0.0 <= args.budget <= 1.0):
         p.error("--budget needs --routing and a value in [0, 1]")
