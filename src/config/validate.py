@@ -22,9 +22,8 @@ from src.config.job import file_list
 
 
 class UserError(Exception):
-    """A command the user fixes by changing it (a config, a data file, a run directory), not a bug:
-    the entry point prints its message as one line and exits 2, without a traceback. Each subclass
-    also derives from the built-in error a caller would catch (``ValueError``, ``FileExistsError``)."""
+    """A command the user fixes (config, data file, run directory), not a bug: the entry point prints
+    it as one line and exits 2. Subclasses also derive from the built-in error a caller would catch."""
 
 
 class ConfigError(UserError, ValueError):
@@ -296,8 +295,7 @@ def max_positions(cfg: DictConfig) -> tuple[int | None, str]:
 
 
 def model_config_value(cfg: DictConfig, key: str) -> tuple[int | None, str]:
-    """An integer of the model's config (``model.tiny`` or ``<model.path>/config.json``) and where it
-    was read; None when unknown."""
+    """An integer of the model's config (``model.tiny`` or ``<model.path>/config.json``), and where."""
     m = cfg.model
     if m.path == "tiny":
         return int(m.tiny[key]), f"model.tiny.{key}"
