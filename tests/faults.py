@@ -17,11 +17,21 @@ import signal as signals
 
 import lightning.pytorch as pl
 
-__all__ = ["SignalAtStep"]
+__all__ = ["SignalAtStep", "fault_overrides"]
 
 log = logging.getLogger(__name__)
 
 HOOKS = ("batch_start", "batch_end", "val_batch_start")
+
+
+def fault_overrides(step: int, signal: str = "SIGKILL", at: str = "batch_end") -> list[str]:
+    """The command-line overrides that add a ``SignalAtStep`` to a training run."""
+    return [
+        "+callbacks.fault._target_=faults.SignalAtStep",
+        f"+callbacks.fault.step={step}",
+        f"+callbacks.fault.signal={signal}",
+        f"+callbacks.fault.at={at}",
+    ]
 
 
 class SignalAtStep(pl.Callback):

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from faults import fault_overrides
 from jobhelpers import REPO, ROUTER_RUN_OVERRIDES, TRAIN_ENV, train_cmd
 from runoutputs import assert_same_outputs, event_entries
 
@@ -46,15 +47,6 @@ def _run(run_dir: Path, *overrides: str, expect: int = 0) -> None:
     assert proc.returncode == expect, f"exit {proc.returncode}, expected {expect}:\n{proc.stderr[-6000:]}"
 
 
-def _fault(step: int, sig: str, at: str) -> list[str]:
-    return [
-        "+callbacks.fault._target_=faults.SignalAtStep",
-        f"+callbacks.fault.step={step}",
-        f"+callbacks.fault.signal={sig}",
-        f"+callbacks.fault.at={at}",
-    ]
-
-
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("kill_matrix") / "uninterrupted"
@@ -74,7 +66,7 @@ def uninterrupted(tmp_path_factory) -> Path:
 def _interrupt_and_resume(
     uninterrupted: Path, run_dir: Path, step: int, sig: str, at: str, expect: int
 ) -> None:
-    _run(run_dir, *_fault(step, sig, at), expect=expect)
+    _run(run_dir, *fault_overrides(step, sig, at), expect=expect)
     _run(run_dir, "resume=true")
     assert_same_outputs(uninterrupted, run_dir)
     a = torch.load(uninterrupted / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
@@ -91,7 +83,7 @@ def test_sigkill_after_a_checkpointed_steps_validation(uninterrupted, tmp_path):
 
 def test_sigkill_during_a_validation_runs_it_again(uninterrupted, tmp_path):
     run_dir = tmp_path / "run"
-    _run(run_dir, *_fault(2, "SIGKILL", "val_batch_start"), expect=-signal.SIGKILL)
+    _run(run_dir, *fault_overrides(2, "SIGKILL", "val_batch_start"), expect=-signal.SIGKILL)
     assert not list((run_dir / "rollouts" / "val").glob("*_00000001.parquet"))  # the validation was lost
     _run(run_dir, "resume=true")
     assert_same_outputs(uninterrupted, run_dir)
@@ -99,7 +91,7 @@ def test_sigkill_during_a_validation_runs_it_again(uninterrupted, tmp_path):
 
 def test_sigterm_runs_no_unscheduled_validation(uninterrupted, tmp_path):
     run_dir = tmp_path / "run"
-    _run(run_dir, *_fault(3, "SIGTERM", "batch_end"), expect=128 + signal.SIGTERM)
+    _run(run_dir, *fault_overrides(3, "SIGTERM", "batch_end"), expect=128 + signal.SIGTERM)
     assert not list((run_dir / "rollouts" / "val").glob("*_00000002.parquet"))  # none at the stop
     _run(run_dir, "resume=true")
     assert_same_outputs(uninterrupted, run_dir)

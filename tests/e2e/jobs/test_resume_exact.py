@@ -19,6 +19,7 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 import torch
+from faults import fault_overrides
 from jobhelpers import REPO, TRAIN_ENV, train_cmd
 
 from src.analysis import load_scalars
@@ -59,15 +60,6 @@ def _run(run_dir: Path, *overrides: str, expect: int = 0, base: list[str] = SMAL
     out = proc.stdout[-3000:] + proc.stderr[-6000:]
     assert proc.returncode == expect, f"exit {proc.returncode}, expected {expect}:\n{out}"
     return out
-
-
-def _fault(step: int, sig: str, at: str) -> list[str]:
-    return [
-        "+callbacks.fault._target_=faults.SignalAtStep",
-        f"+callbacks.fault.step={step}",
-        f"+callbacks.fault.signal={sig}",
-        f"+callbacks.fault.at={at}",
-    ]
 
 
 @pytest.fixture(scope="module")
@@ -157,7 +149,7 @@ def test_sigkill_between_checkpoints_resumes_exactly(uninterrupted, tmp_path):
     """Killed after step 3 with a checkpoint at step 2: step 3 was logged (scalars, rollouts) by
     the killed run and is run again; its points appear once, with the resumed run's values."""
     run_dir = tmp_path / "run"
-    _run(run_dir, "trainer.save_freq=2", *_fault(3, "SIGKILL", "batch_end"), expect=-signal.SIGKILL)
+    _run(run_dir, "trainer.save_freq=2", *fault_overrides(3, "SIGKILL", "batch_end"), expect=-signal.SIGKILL)
     assert (run_dir / "rollouts" / "step_00000002.parquet").exists()  # the lost step had logged
     _run(run_dir, "trainer.save_freq=2", "resume=true")
     _assert_same_training_state(uninterrupted, run_dir)
@@ -167,7 +159,9 @@ def test_sigkill_between_checkpoints_resumes_exactly(uninterrupted, tmp_path):
 @pytest.mark.slow
 def test_sigint_saves_at_the_step_boundary_and_resumes_exactly(uninterrupted, tmp_path):
     run_dir = tmp_path / "run"
-    _run(run_dir, "trainer.save_freq=2", *_fault(1, "SIGINT", "batch_end"), expect=128 + signal.SIGINT)
+    _run(
+        run_dir, "trainer.save_freq=2", *fault_overrides(1, "SIGINT", "batch_end"), expect=128 + signal.SIGINT
+    )
     saved = torch.load(run_dir / "checkpoints" / "interrupted.ckpt", map_location="cpu", weights_only=False)
     assert saved["global_step"] == 1  # the step that was running, not one more
     _run(run_dir, "trainer.save_freq=2", "resume=true")
@@ -178,7 +172,12 @@ def test_sigint_saves_at_the_step_boundary_and_resumes_exactly(uninterrupted, tm
 @pytest.mark.slow
 def test_sigterm_mid_step_exits_143_and_resumes_exactly(uninterrupted, tmp_path):
     run_dir = tmp_path / "run"
-    _run(run_dir, "trainer.save_freq=1", *_fault(2, "SIGTERM", "batch_start"), expect=128 + signal.SIGTERM)
+    _run(
+        run_dir,
+        "trainer.save_freq=1",
+        *fault_overrides(2, "SIGTERM", "batch_start"),
+        expect=128 + signal.SIGTERM,
+    )
     assert not (run_dir / "checkpoints" / "interrupted.ckpt").exists()  # the periodic save was reused
     _run(run_dir, "trainer.save_freq=1", "resume=true")
     _assert_same_training_state(uninterrupted, run_dir)
@@ -239,7 +238,7 @@ def _kill_and_resume_curriculum(
     uninterrupted_curriculum: Path, run_dir: Path, sig: str, at: str, expect: int
 ):
     """Killed after the step-4 evaluation (resumed from step 3, after the step-2 one)."""
-    _run(run_dir, *_fault(5 if at == "batch_end" else 4, sig, at), base=CURRICULUM, expect=expect)
+    _run(run_dir, *fault_overrides(5 if at == "batch_end" else 4, sig, at), base=CURRICULUM, expect=expect)
     _run(run_dir, "resume=true", base=CURRICULUM)
     states = _assert_same_training_state(uninterrupted_curriculum, run_dir, steps=6, router=False)
     _assert_same_logs(uninterrupted_curriculum, run_dir, steps=6)
@@ -266,7 +265,7 @@ def test_sigint_sigterm_mid_curriculum_resume_exactly(uninterrupted_curriculum, 
 
 
 def _kill_and_resume_replay(uninterrupted_replay: Path, run_dir: Path, sig: str, at: str, expect: int):
-    _run(run_dir, *_fault(3 if at == "batch_end" else 2, sig, at), base=REPLAY, expect=expect)
+    _run(run_dir, *fault_overrides(3 if at == "batch_end" else 2, sig, at), base=REPLAY, expect=expect)
     _run(run_dir, "resume=true", base=REPLAY)
     states = _assert_same_training_state(uninterrupted_replay, run_dir, steps=4, router=False)
     _assert_same_logs(uninterrupted_replay, run_dir, steps=4)

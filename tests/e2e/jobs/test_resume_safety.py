@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 import yaml
+from faults import fault_overrides
 from jobhelpers import REPO, TRAIN_ENV, train_cmd
 
 SMALL = [
@@ -25,11 +26,7 @@ SMALL = [
     "trainer.max_steps=4",
     "trainer.save_freq=2",
 ]
-KILL_AT_3 = [
-    "+callbacks.fault._target_=faults.SignalAtStep",
-    "+callbacks.fault.step=3",
-    "+callbacks.fault.signal=SIGKILL",
-]
+KILL_AT_3 = fault_overrides(3, "SIGKILL")
 
 
 def _run(run_dir: Path, *overrides: str, base=SMALL) -> subprocess.CompletedProcess:

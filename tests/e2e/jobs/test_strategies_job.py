@@ -29,6 +29,7 @@ import pandas as pd
 import pytest
 import torch
 from checkpoint_weights import checkpoint_kind, consolidated_state_dict
+from faults import fault_overrides
 from jobhelpers import REPO, TRAIN_ENV, scalars, train_cmd
 
 from src.callbacks.checkpointing import latest_checkpoint
@@ -97,11 +98,7 @@ def _rollouts(run_dir: Path) -> pd.DataFrame:
 def _kill_at_step_2_and_resume(run_dir: Path, strategy: str) -> Path:
     """SIGKILL on every rank at step 2 (after its update, before its checkpoint), then resume. The
     sharded strategies validate after every step (greedy: no draw the training rollouts share)."""
-    fault = [
-        "+callbacks.fault._target_=faults.SignalAtStep",
-        "+callbacks.fault.step=2",
-        "+callbacks.fault.signal=SIGKILL",
-    ]
+    fault = fault_overrides(2, "SIGKILL")
     validate = VALIDATE_EVERY_STEP if strategy in ("fsdp", "deepspeed_stage_3") else []
     _run(run_dir, *TWO, f"trainer.strategy={strategy}", *validate, *fault, expect=-signal.SIGKILL)
     found = latest_checkpoint(run_dir / "checkpoints")
