@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from faults import fault_overrides
 from jobhelpers import scalars
-from test_resume_exact import SMALL, _assert_same_logs, _assert_same_training_state, _fault, _run
+from test_resume_exact import SMALL, _assert_same_logs, _assert_same_training_state, _run
 
 DYNAMIC = [*SMALL, "algorithm.dynamic_sampling.enable=true", "algorithm.dynamic_sampling.max_extra_batches=2"]
 
@@ -44,7 +45,7 @@ def test_sigkill_with_dynamic_sampling_resumes_exactly(dynamic_run, tmp_path):
     _run(
         run_dir,
         "trainer.save_freq=2",
-        *_fault(3, "SIGKILL", "batch_end"),
+        *fault_overrides(3, "SIGKILL", "batch_end"),
         base=DYNAMIC,
         expect=-signal.SIGKILL,
     )
