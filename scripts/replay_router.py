@@ -187,17 +187,17 @@ def main(argv: list[str] | None = None) -> int:
     as_run = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(RouterConfig), cfg.router))
     cfg.merge_with(OmegaConf.from_dotlist(args.overrides))
     router = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(RouterConfig), cfg.router))
+    pooling_keys = ("pooling", "tail_tokens", "sif_a", "hidden_layer", "input")
+    re_pool = any(getattr(router, k) != getattr(as_run, k) for k in pooling_keys)
+    # every argument error before the tables are built (a replay of the run's prompts: minutes)
+    if args.inputs_from and as_run.input == "base_embeddings":
+        p.error("--inputs-from swaps the actor, but this run's router reads router.input=base_embeddings")
+    if args.inputs_from and re_pool:
+        p.error("--inputs-from with router.pooling / tail_tokens / sif_a / hidden_layer / input overrides")
     train, test = tables(run, args.limit)
     if args.inputs_from:
-        if as_run.input == "base_embeddings":
-            p.error("--inputs-from swaps the actor, but this run's router reads router.input=base_embeddings")
         train, test = with_inputs_from(run, args.inputs_from, train, test, args.limit)
-    pooling_keys = ("pooling", "tail_tokens", "sif_a", "hidden_layer", "input")
-    if any(getattr(router, k) != getattr(as_run, k) for k in pooling_keys):
-        if args.inputs_from:
-            p.error(
-                "--inputs-from with router.pooling / tail_tokens / sif_a / hidden_layer / input overrides"
-            )
+    if re_pool:
         train, test = with_pooling(run, router, train, test, args.limit)
     shape = (int(cfg.sampling.n_prompts), int(cfg.sampling.n_generations_per_prompt))
     steps = args.steps or int(cfg.trainer.max_steps)

@@ -54,6 +54,10 @@ def test_router_on_harmony_data(tmp_path):
         "sft.max_steps=2",
         "sampling.n_prompts=2",
         "sampling.max_new_tokens=8",
+        # a smaller synthetic set: the router's SIF fit forwards every training prompt, and the
+        # harmony prompts (~4x the XML ones) share no cached fit with the other tests' runs
+        "data.synthetic.n_train=256",
+        "data.synthetic.n_test=32",
     )
     rows = pd.read_parquet(run_dir / "rollouts" / "step_00000000.parquet")
     assert set(rows["data_source"]) == {"rlla_gpt"}
