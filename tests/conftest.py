@@ -91,27 +91,11 @@ def one_torch_thread():
     torch.set_num_threads(before)
 
 
-# End-to-end modules that start several processes of their own (DDP / FSDP / DeepSpeed ranks, Ray
-# workers): under pytest-xdist they run one after another on one worker, never side by side.
-MULTIPROCESS_MODULES = {
-    "test_strategies_job.py",
-    "test_gpu_jobs.py",
-    "test_generate_under_sharding.py",
-    "test_replay_curriculum_jobs.py",
-}
-
-
 def pytest_collection_modifyitems(config, items):
-    """`gpu`-marked tests skip cleanly where CUDA is absent. Under pytest-xdist (``--dist
-    loadgroup``, as ``make test`` runs) each end-to-end module stays on one worker, so its
-    module-scoped runs are trained once; unit tests spread freely."""
+    """`gpu`-marked tests skip cleanly where CUDA is absent."""
     import torch
 
     skip = pytest.mark.skip(reason="needs CUDA")
     for item in items:
         if "gpu" in item.keywords and not torch.cuda.is_available():
             item.add_marker(skip)
-        path = Path(str(item.fspath))
-        if "e2e" in path.parts:
-            group = "multiprocess" if path.name in MULTIPROCESS_MODULES else path.stem
-            item.add_marker(pytest.mark.xdist_group(group))
