@@ -106,7 +106,7 @@ class _Learner:
         r_task, cost = t.reward[idx][rows, action], t.cost[idx][rows, action]
         rollout = RouterRollout(
             prompt_ids=None, prompt_mask=None, prompt_index=rows, action=action,
-            log_prob=torch.zeros(len(rows)), reward=r_task - lam * cost, cost=cost,
+            log_prob=torch.zeros(len(rows)), cost=cost,
             target=torch.full((len(rows),), -1), task_reward=r_task, lam=torch.full_like(cost, lam),
         )  # fmt: skip
         loss, _ = head.loss(logits, rollout, idx[rows].tolist(), step)

@@ -21,6 +21,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 import torch.nn.functional as F
 
+from src.algorithms.lagrange import lagrangian_reward
 from src.config.sampling import SamplingParams
 from src.rollout.engines.types import RolloutEngine
 
@@ -32,12 +33,13 @@ class RouterRollout:
     prompt_ids / prompt_mask: [P, Lp] the original (un-routed) prompts, left-padded; the router
         reads these again in ``training_step`` to get logits with gradients.
     prompt_index: [N] long, which of the P prompts each rollout came from.
-    action: [N] long route; log_prob: [N] at sampling time; reward: [N] r_router; cost: [N].
+    action: [N] long route; log_prob: [N] at sampling time; cost: [N].
     target: [N] long weak label (-1 for MIXED / unlabelled).
-    task_reward: [N] r_task; lam: [N] float32, the λ each row's r_router was scored with (rows
-        joined from different collects need not share one). ``router.advantage`` reads these
-        (``src.algorithms.lagrange.ROUTER_ADVANTAGES``); ``reward`` = r_task − lam·cost stays for
-        the rollout log and dynamic sampling.
+    task_reward: [N] r_task; lam: [N] float32, the λ each row was scored with (rows joined from
+        different collects need not share one). ``router.advantage`` reads these
+        (``src.algorithms.lagrange.ROUTER_ADVANTAGES``).
+    reward: [N] r_router = r_task − lam·cost, formed from them by ``lagrangian_reward`` wherever it
+        is read (the rollout log, dynamic sampling, ``router.actor_reward: router``), never stored.
     """
 
     prompt_ids: torch.Tensor
@@ -45,11 +47,15 @@ class RouterRollout:
     prompt_index: torch.Tensor
     action: torch.Tensor
     log_prob: torch.Tensor
-    reward: torch.Tensor
     cost: torch.Tensor
     target: torch.Tensor
     task_reward: torch.Tensor
     lam: torch.Tensor
+
+    @property
+    def reward(self) -> torch.Tensor:
+        """[N] float32 r_router = r_task − λ·cost (``algorithms.lagrange.lagrangian_reward``)."""
+        return lagrangian_reward(self.task_reward, self.cost, self.lam)
 
 
 @dataclass
@@ -252,7 +258,7 @@ def split_groups(rb: RolloutBatch) -> list[RolloutBatch]:
     return [select_rows(rb, rows) for rows in order.values()]
 
 
-_PER_ROW = ("action", "log_prob", "reward", "cost", "target", "task_reward", "lam")
+_PER_ROW = ("action", "log_prob", "cost", "target", "task_reward", "lam")
 
 
 def select_router(r: RouterRollout, rows: torch.Tensor) -> RouterRollout:

@@ -20,7 +20,6 @@ from typing import Any
 
 import torch
 
-from src.algorithms.lagrange import lagrangian_reward
 from src.config.sampling import SamplingParams
 from src.config.schema import RouterConfig
 from src.rewards.dispatch import check_finite_rewards, score
@@ -205,8 +204,8 @@ def router_rollout(
     labels: list[str],
     lam: float,
 ) -> RouterRollout:
-    """The router's part of the batch: r_router [N] (``lagrangian_reward``), weak-label targets [N],
-    and the r_task and λ it was formed from [N]."""
+    """The router's part of the batch: weak-label targets [N], and r_task, cost and λ [N], which
+    r_router (``RouterRollout.reward``) is formed from."""
     p_ids, p_mask = left_pad(prompt_ids, pad_id)
     task = torch.tensor([s.reward.total for s in scored], dtype=torch.float32)
     costs = torch.tensor([s.cost for s in scored], dtype=torch.float32)
@@ -216,7 +215,6 @@ def router_rollout(
         prompt_index=torch.arange(len(prompt_ids)).repeat_interleave(copies),
         action=decision.action,
         log_prob=decision.log_prob,
-        reward=lagrangian_reward(task, costs, lam),
         cost=costs,
         target=torch.tensor([weak_label_index(label) for label in labels], dtype=torch.long),
         task_reward=task,

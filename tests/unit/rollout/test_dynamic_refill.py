@@ -38,6 +38,7 @@ def scripted_batch(records: list[dict], call: int) -> RolloutBatch:
     resp = torch.arange(n * t).reshape(n, t) + 1000 * (call + 1)
     actor = torch.tensor([float(j) if r["actor_live"] else 1.0 for r in records for j in range(G)])
     router = torch.tensor([-float(j) if r["router_live"] else -3.0 for r in records for j in range(G)])
+    cost = (torch.arange(n) % 3 != 0).float()
     return RolloutBatch(
         input_ids=torch.cat([ids, resp], 1),
         attention_mask=torch.cat([mask, torch.ones(n, t, dtype=torch.long)], 1),
@@ -52,10 +53,9 @@ def scripted_batch(records: list[dict], call: int) -> RolloutBatch:
             prompt_index=torch.arange(len(records)).repeat_interleave(G),
             action=torch.arange(n) % 3,
             log_prob=-torch.arange(n).float(),
-            reward=router,
-            cost=(torch.arange(n) % 3 != 0).float(),
+            cost=cost,
             target=torch.arange(n) % 2,
-            task_reward=actor,
+            task_reward=router + float(call) * cost,  # r_router = r_task − λ·cost: the router values
             lam=torch.full((n,), float(call)),
         ),
         rows=[{"uid": r["uid"], "j": j, "call": call} for r in records for j in range(G)],

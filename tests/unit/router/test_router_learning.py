@@ -163,7 +163,6 @@ def rollout_batch(
         torch.arange(len(idx)).repeat_interleave(copies),
         out.router_action,
         out.router_log_prob,
-        r_task - lam * cost,
         cost,
         torch.full((n,), -1),
         r_task,
