@@ -9,7 +9,8 @@
 ``$W`` holds the model (``$W/<--model>``, default the 6.3 M ``m6``) and the cut prompts
 (``$W/trunc512.parquet``) of ``../shared/bench/README.md``. Our engines: ``hf`` (decode=lean, eager:
 ``cuda_graph=false``), ``hfgraph`` (decode=lean replayed as CUDA graphs, the default on a GPU),
-``hfgen`` (HF generate), ``vllm``. Each round runs, per setting, TRL's peer, then ours with each
+``hfcompile`` (decode=lean with ``lean_compile``: the step and sampler compiled, replayed as CUDA
+graphs on a GPU), ``hfgen`` (HF generate), ``vllm``. Each round runs, per setting, TRL's peer, then ours with each
 engine, each under ``/usr/bin/time -v`` with the same glibc allocator setting on every side (``--allocator
 tuned``: ``MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=64GiB``; ``default`` leaves glibc alone). TRL
 uses torch's default threads (both cores); ours runs with ``trainer.threads=null`` (the same). Before
@@ -125,6 +126,10 @@ def ours_command(args, s: dict, engine: str, run_dir: Path) -> list[str]:
                 "rollout.engines.vllm.max_model_len=1024"]  # fmt: skip
     elif engine == "hfgraph":
         cmd += ["rollout.engines.hf.decode=lean", "rollout.engines.hf.cuda_graph=true"]
+    elif engine == "hfcompile":  # decode=lean compiled with its sampler, as CUDA graphs on a GPU
+        graph = "true" if args.device == "cuda" else "false"
+        cmd += ["rollout.engines.hf.decode=lean", "rollout.engines.hf.lean_compile=true",
+                f"rollout.engines.hf.cuda_graph={graph}"]  # fmt: skip
     elif engine == "hfgen":  # the HF engine with Hugging Face generate (an A/B under one load)
         cmd += ["rollout.engines.hf.decode=generate"]
     else:
@@ -239,7 +244,8 @@ def parse_args(argv: list[str]):
     ap.add_argument(
         "--engines",
         default="hf,vllm",
-        help="ours: hf (decode=lean), hfgraph (lean as CUDA graphs), hfgen (HF generate), vllm; comma-separated",
+        help="ours: hf (decode=lean), hfgraph (lean as CUDA graphs), hfcompile (lean compiled, CUDA graphs "
+        "on a GPU), hfgen (HF generate), vllm; comma-separated",
     )
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=6)

@@ -7,7 +7,9 @@
 #      TRL, ours decode=lean, ours decode=lean as CUDA graphs (scripts/bench_side_by_side.py);
 #   4. the gpu-marked job tests (bf16 on one GPU; FSDP2, ZeRO-2, ZeRO-3 with checkpoint + resume);
 #   5. the main job's steps (scripts/benchmark.py experiment=router_grpo on the GPU, bf16);
-#   6. a second side-by-side round where time is left.
+#   6. a second side-by-side round where time is left;
+#   7. where time is left: the compiled lean step (rollout.engines.hf.lean_compile; its gpu tests in
+#      tests/unit/rollout/engines/test_hf_compile.py), then hfgraph against hfcompile (ours only).
 #
 #   scripts/gpu_round.sh OUT SHARE [WHEELS] [DEADLINE_S]
 # SHARE holds bench/ (a copy of ../shared/bench) and data/rlla_4k/test.parquet +
@@ -73,6 +75,13 @@ fi
 if [ "$(left)" -gt 150 ]; then
   part "6. 0.37 B side by side, round 2 ($(left) s left)"
   side_by_side hfgraph,hf
+fi
+if [ "$(left)" -gt 200 ]; then
+  part "7. compiled lean step: gpu tests, then hfgraph vs hfcompile ($(left) s left)"
+  timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/unit/rollout/engines/test_hf_compile.py 2>&1 | tail -15 | tee "$OUT/compile_tests.log"
+  timeout "$(left)" python3 scripts/bench_side_by_side.py --work $W --model q05b --device cuda --settings P8G8T256 \
+    --engines hfgraph,hfcompile --no-trl --rounds 1 --steps 6 --allocator default \
+    --out "$OUT/side_by_side.jsonl" 2>&1 | grep -v '^{' | tail -8
 fi
 part "done"
 # the runs' logs only: their run folders hold checkpoints of the 0.37 B model (GBs; taring them

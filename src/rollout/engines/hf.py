@@ -20,7 +20,14 @@ from dataclasses import dataclass
 import torch
 
 from src.config.sampling import SamplingParams
-from src.rollout.engines.hf_decode import DecodeStep, decode, positions, sampling_log_probs, warped_log_probs
+from src.rollout.engines.hf_decode import (
+    DecodeStep,
+    LeanMode,
+    decode,
+    positions,
+    sampling_log_probs,
+    warped_log_probs,
+)
 from src.rollout.engines.hf_lean import log_fallback_once, unsupported_reason
 from src.rollout.engines.types import Completions, left_pad, mask_after_stop
 
@@ -49,6 +56,12 @@ class HFEngineSettings:
         by kernel launches, docs/benchmarks.md). auto: on where the model is on a CUDA device; true:
         a CPU device is an error. Where the lean step falls back to the HF forward (LoRA, sharded
         weights, other models), decoding is eager.
+    lean_compile: with decode=lean, ``torch.compile`` the fixed-shape lean step together with the
+        sampler (temperature, top-p, the inverse-CDF pick from uniforms drawn outside, the token's
+        log-prob: ``hf_decode.SampledStep``), so inductor fuses the per-token chains of small ops;
+        with cuda_graph that compiled step is what the CUDA graph replays. Same tokens under one
+        seed as the eager lean step up to float reordering. Each new shape (prompt width, rows,
+        T_max) compiles once (seconds): bucket widths with pad_to_multiple_of.
     share_prefill: prefill each prompt once and expand its cache n times (dynamic cache only).
     pad_to_multiple_of: bucket the left-padded prompt width (1 = no bucketing).
     logprobs_from: scores (recorded while sampling) | forward (a teacher-forced pass after generate).
@@ -59,6 +72,7 @@ class HFEngineSettings:
     cache_implementation: str = "dynamic"
     compile: bool = False
     cuda_graph: bool | str = "auto"
+    lean_compile: bool = False
     share_prefill: bool = True
     pad_to_multiple_of: int = 1
     logprobs_from: str = "scores"
@@ -85,6 +99,11 @@ class HFEngineSettings:
             raise ValueError(
                 f"rollout.engines.hf.cuda_graph=true needs decode=lean (got decode={self.decode!r}): "
                 "only the lean step has the fixed shapes a CUDA graph replays"
+            )
+        if self.lean_compile and self.decode != "lean":
+            raise ValueError(
+                f"rollout.engines.hf.lean_compile=true needs decode=lean (got decode={self.decode!r}): "
+                "it compiles the lean step (decode=generate has its own compile)"
             )
         if self.logprobs_from not in LOGPROB_SOURCES:
             raise ValueError(
@@ -222,8 +241,8 @@ class HFGenerateEngine:
         n = 1 if greedy else sampling.n
         synced = sharding_of(self.model) is not None
         step = DecodeStep(sampling, stop, self.pad_token_id, synced, device=ids.device)
-        lean = self._lean(synced)
-        resp, logp = decode(self.model, ids, attn, n, step, lean=lean, cuda_graph=lean and self._graphed(ids))
+        mode = LeanMode(self._graphed(ids), self.settings.lean_compile) if self._lean(synced) else None
+        resp, logp = decode(self.model, ids, attn, n, step, lean=mode)
         if greedy:
             resp, logp = resp.repeat_interleave(sampling.n, 0), logp.repeat_interleave(sampling.n, 0)
         mask = mask_after_stop(resp, stop)

@@ -19,10 +19,16 @@ Nothing per step scales with the group size in Python; rows that stopped keep de
 until the check (their outputs are masked, as ``generate`` masks its own).
 
 The sampling distribution's log-probs (temperature, then nucleus top-p; ``warped_log_probs``,
-``sampling_log_probs``) are pure tensor math, shared by every HF decoder.
+``sampling_log_probs``) are pure tensor math, shared by every HF decoder. ``sample_at`` is
+``DecodeStep.sample`` in fixed shapes with its uniforms given (the same ops, so the same tokens and
+log-probs bit for bit): with ``LeanMode.compile`` it runs inside the compiled lean step
+(``SampledStep``), its uniforms still drawn by ``torch.rand`` outside, one call per sampled step
+as ``draw`` makes them, so one seed draws the same tokens.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -80,10 +86,43 @@ def draw(log_probs: torch.Tensor, generator: torch.Generator | None = None) -> t
 
 def _inverse_cdf(log_weights: torch.Tensor, generator: torch.Generator | None = None):
     """``draw`` from unnormalised log-weights [N, V] -> (tokens [N], the weights' totals [N, 1])."""
+    u = torch.rand((log_weights.shape[0], 1), device=log_weights.device, generator=generator)
+    return inverse_cdf_at(log_weights, u)
+
+
+def inverse_cdf_at(log_weights: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The inverse-CDF pick at given uniforms: unnormalised log-weights [N, V], u [N, 1] in [0, 1)
+    -> (tokens [N], the weights' totals [N, 1]). No random op: it can sit inside a graph."""
     cdf = log_weights.exp().cumsum_(-1)
     total = cdf[:, -1:]
-    u = torch.rand((cdf.shape[0], 1), device=cdf.device, generator=generator) * total
-    return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=cdf.shape[-1] - 1), total
+    return torch.searchsorted(cdf, u * total, right=True).squeeze(-1).clamp_(max=cdf.shape[-1] - 1), total
+
+
+def sample_at(
+    logits: torch.Tensor, u: torch.Tensor, suppress: torch.Tensor, temperature: float, top_p: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``DecodeStep.sample`` in fixed shapes, its uniforms drawn by the caller: the same ops on the
+    same values, so the same tokens and log-probs bit for bit (the fused step's sampler).
+
+    Args:
+        logits: [N, V] raw scores (not modified); u: [N, 1] uniforms in [0, 1), the ones ``draw``
+            would draw (not read when greedy); suppress: [V] bool, the tokens held off this step
+            (the stop tokens before ``min_new_tokens``; all False after); temperature <= 0: greedy.
+    Returns:
+        (token [N], its log-prob under the sampling distribution [N]; zeros when greedy).
+    """
+    x = logits.float().masked_fill(suppress, float("-inf"))
+    if temperature <= 0:
+        return x.argmax(-1), x.new_zeros(x.shape[0])
+    if top_p < 1.0:
+        logp = warped_log_probs(x, temperature, top_p)
+        tok = inverse_cdf_at(logp, u)[0]
+        return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
+    if temperature != 1.0:  # -inf / temperature stays -inf: filling first gives the eager values
+        x = x / temperature
+    top = x.amax(-1, keepdim=True)
+    tok, total = inverse_cdf_at(x - top, u)
+    return tok, (x.gather(-1, tok[:, None]) - top - total.log()).squeeze(-1)
 
 
 def _static_cache(model, max_len: int):
@@ -158,37 +197,50 @@ class DecodeStep:
         return not bool(running)
 
 
+@dataclass(frozen=True)
+class LeanMode:
+    """How ``decode`` runs the lean step (``hf_lean``; the caller checked the model is supported).
+
+    cuda_graph: each step replays one CUDA graph of the fixed-shape lean step (``hf_lean.GraphedStep``;
+        the model on a CUDA device). compile: the fixed-shape step and the sampler as one function
+        (``SampledStep``) compiled by ``torch.compile`` (``hf_lean.compiled``), captured as that graph
+        with ``cuda_graph``.
+    """
+
+    cuda_graph: bool = False
+    compile: bool = False
+
+
 @torch.no_grad()
 def decode(
-    model,
-    ids: torch.Tensor,
-    attn: torch.Tensor,
-    n: int,
-    step: DecodeStep,
-    lean: bool = False,
-    cuda_graph: bool = False,
+    model, ids: torch.Tensor, attn: torch.Tensor, n: int, step: DecodeStep, lean: LeanMode | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample ``n`` continuations of each left-padded prompt.
 
     Args:
         ids, attn: [P, L] left-padded prompts and their mask.
-        lean: decode steps through ``hf_lean.LeanStep`` (the caller checked the model is supported)
-            instead of the model's forward.
-        cuda_graph: with ``lean``, each step replays one CUDA graph of the fixed-shape lean step
-            (``hf_lean.GraphedStep``; the model on a CUDA device).
+        lean: decode steps through ``hf_lean.LeanStep`` run as it says, instead of the model's forward.
     Returns:
         (tokens [P*n, T'], log_probs [P*n, T']) prompt-major, T' <= max_new_tokens (the loop ends
         once every row has stopped); after a row's stop token: ``step.pad_id`` and log-prob 0. Greedy
         decoding records log-prob 0 (probability 1).
     """
-    if cuda_graph and not lean:
-        raise ValueError("decode(cuda_graph=True) needs lean=True: only the lean step has fixed shapes")
+    rows, device, sample = _sampler(model, ids, attn, n, step, lean)
+    return _loop(sample, rows, device, step)
+
+
+def _sampler(model, ids: torch.Tensor, attn: torch.Tensor, n: int, step: DecodeStep, lean: LeanMode | None):
+    """(rows, their device, ``sample(tokens, t)`` of :func:`_loop`) as ``decode``'s ``lean`` says
+    (the prefill's logits are held by ``sample`` alone, released after step 0)."""
     t_max = step.sampling.max_new_tokens
-    if lean:
-        logits, forward = lean_stepper(model, ids, attn, n, t_max, cuda_graph=cuda_graph)
+    if lean is not None and lean.compile:
+        logits, sample = fused_sampler(model, ids, attn, n, step, cuda_graph=lean.cuda_graph)
+        return logits.shape[0], logits.device, sample
+    if lean is not None:
+        logits, forward = lean_stepper(model, ids, attn, n, t_max, cuda_graph=lean.cuda_graph)
     else:
         logits, forward = hf_stepper(model, ids, attn, n, t_max)
-    return _loop(forward, logits, step)
+    return logits.shape[0], logits.device, eager_sampler(forward, logits, step)
 
 
 def hf_stepper(model, ids: torch.Tensor, attn: torch.Tensor, n: int, t_max: int):
@@ -219,16 +271,93 @@ def lean_stepper(model, ids: torch.Tensor, attn: torch.Tensor, n: int, t_max: in
     """As :func:`hf_stepper`, the prefill through the model once per prompt (its cache kept once per
     prompt), the decode steps through ``hf_lean.LeanStep`` (``cuda_graph``: its fixed-shape form,
     replayed as one CUDA graph, ``hf_lean.GraphedStep``)."""
+    from src.rollout.engines.hf_lean import GraphedStep
+
+    logits, lean = _lean_prefill(model, ids, attn, n, t_max, fixed_shape=cuda_graph)
+    if not cuda_graph:
+        return logits, lean
+    return logits, GraphedStep(lean, ids.shape[0] * n, ids.device)
+
+
+def _lean_prefill(model, ids: torch.Tensor, attn: torch.Tensor, n: int, t_max: int, fixed_shape: bool):
+    """The prompts' prefill -> (logits [P*n, V] of their last position, the ``hf_lean.LeanStep`` on it)."""
     from transformers import DynamicCache
 
-    from src.rollout.engines.hf_lean import GraphedStep, LeanStep
+    from src.rollout.engines.hf_lean import LeanStep
 
     cache = DynamicCache()
     logits = _prefill(model, ids, attn, cache)
-    if not cuda_graph:
-        return logits.repeat_interleave(n, 0), LeanStep(model, cache, attn, n, t_max)
-    fixed = LeanStep(model, cache, attn, n, t_max, fixed_shape=True)
-    return logits.repeat_interleave(n, 0), GraphedStep(fixed, ids.shape[0] * n, ids.device)
+    return logits.repeat_interleave(n, 0), LeanStep(model, cache, attn, n, t_max, fixed_shape=fixed_shape)
+
+
+class SampledStep:
+    """``step(tokens [rows], j, u [rows, 1]) -> (token [rows], log-prob [rows])`` of generated slot
+    j + 1: the fixed-shape lean step (j a 0-dim device tensor) and :func:`sample_at` as one function
+    of fixed shapes, so one compiled / captured graph holds the model step and the sampler. ``u``:
+    the uniforms of the step's draw, drawn outside (no random op inside a graph)."""
+
+    def __init__(self, fixed_step, step: DecodeStep, vocab: int):
+        self.fixed_step = fixed_step
+        self.temperature, self.top_p = step.sampling.temperature, step.sampling.top_p
+        self.min_new_tokens = step.sampling.min_new_tokens
+        self.stop_mask = torch.zeros(vocab, dtype=torch.bool, device=step.stop.device)
+        self.stop_mask[step.stop] = True
+
+    def __call__(self, tokens: torch.Tensor, j: torch.Tensor, u: torch.Tensor):
+        logits = self.fixed_step(tokens, j)
+        # the stop tokens are held off while slot j + 1 < min_new_tokens (DecodeStep.log_probs)
+        suppress = self.stop_mask & (j + 1 < self.min_new_tokens)
+        return sample_at(logits, u, suppress, self.temperature, self.top_p)
+
+
+def fused_sampler(model, ids: torch.Tensor, attn: torch.Tensor, n: int, step: DecodeStep, cuda_graph: bool):
+    """(the prefill's logits [P*n, V], ``sample(tokens, t) -> (token, log-prob)`` of step t) for
+    :func:`_loop` (``LeanMode.compile``):
+    step 0 by ``step.sample`` on the prefill's logits, then each step by the compiled
+    ``SampledStep`` (``cuda_graph``: replayed as one CUDA graph). Each step's uniforms are drawn as
+    ``draw`` draws them (``torch.rand`` [rows, 1], the default generator, one call per sampled step,
+    none when greedy), so one seed gives the eager loop's tokens."""
+    from src.rollout.engines.hf_lean import GraphedStep, compiled
+
+    logits, fixed = _lean_prefill(model, ids, attn, n, step.sampling.max_new_tokens, fixed_shape=True)
+    rows, device = logits.shape[0], logits.device
+    fused = compiled(SampledStep(fixed, step, logits.shape[-1]))
+    if cuda_graph:
+        fused = GraphedStep(fused, rows, device, uniform=True)
+    else:
+        fused = _with_slot_tensor(fused, device)
+    no_draw = torch.zeros((rows, 1), device=device)
+    first = [logits]
+
+    def sample(tokens: torch.Tensor | None, t: int):
+        if t == 0:
+            return step.sample(first.pop(), 0)
+        u = no_draw if step.greedy else torch.rand((rows, 1), device=device)
+        return fused(tokens, t - 1, u)
+
+    return logits, sample
+
+
+def _with_slot_tensor(fused, device):
+    """``fused(tokens, j: int, u)`` -> ``fused(tokens, j as a 0-dim device tensor, u)``."""
+    slot = torch.zeros((), dtype=torch.long, device=device)
+
+    def call(tokens: torch.Tensor, j: int, u: torch.Tensor):
+        return fused(tokens, slot.fill_(j), u)
+
+    return call
+
+
+def eager_sampler(forward, logits: torch.Tensor, step: DecodeStep):
+    """``sample(tokens, t) -> (token, log-prob or None)`` of step t for :func:`_loop`: step t's logits
+    (the prefill's at t = 0, ``forward(tokens, t - 1)`` after) through ``step.sample``."""
+
+    first = [logits]
+
+    def sample(tokens: torch.Tensor | None, t: int):
+        return step.sample(first.pop() if t == 0 else forward(tokens, t - 1), t)
+
+    return sample
 
 
 def _prefill(model, ids: torch.Tensor, attn: torch.Tensor, cache) -> torch.Tensor:
@@ -243,17 +372,18 @@ def _prefill(model, ids: torch.Tensor, attn: torch.Tensor, cache) -> torch.Tenso
     ).logits[:, -1]
 
 
-def _loop(forward, logits, step: DecodeStep, stop_check_every: int = 8):
-    pad_id = step.pad_id
-    rows, t_max = logits.shape[0], step.sampling.max_new_tokens
-    tokens = torch.full((rows, t_max), pad_id, dtype=torch.long, device=logits.device)
-    log_probs = torch.zeros((rows, t_max), dtype=torch.float32, device=logits.device)
-    done = torch.zeros(rows, dtype=torch.bool, device=logits.device)
-    running = torch.zeros(t_max, dtype=torch.bool, device=logits.device)  # any row still running at step t
-    t = 0
+def _loop(sample, rows: int, device: torch.device, step: DecodeStep, stop_check_every: int = 8):
+    """The decode loop around ``sample(tokens of step t - 1, t) -> (tokens [rows], log-probs [rows]
+    or None)`` of step t (:func:`eager_sampler`, :func:`fused_sampler`); see :func:`decode`."""
+    pad_id, t_max = step.pad_id, step.sampling.max_new_tokens
+    tokens = torch.full((rows, t_max), pad_id, dtype=torch.long, device=device)
+    log_probs = torch.zeros((rows, t_max), dtype=torch.float32, device=device)
+    done = torch.zeros(rows, dtype=torch.bool, device=device)
+    running = torch.zeros(t_max, dtype=torch.bool, device=device)  # any row still running at step t
+    tok, t = None, 0
     while t < t_max:
         running[t] = ~done.all()
-        tok, logp = step.sample(logits, t)
+        tok, logp = sample(tok, t)
         if logp is not None:
             log_probs[:, t] = logp.masked_fill_(done, 0.0)
         tok = tok.masked_fill_(done, pad_id)
@@ -262,7 +392,6 @@ def _loop(forward, logits, step: DecodeStep, stop_check_every: int = 8):
         t += 1
         if t == t_max or (t % stop_check_every == 0 and step.all_stopped(done)):
             break
-        logits = forward(tok, t - 1)
     # the steps some row of this rank still needed (fewer than t when the check came late, or when
     # sharded ranks kept stepping for the others)
     t = int(running.sum())

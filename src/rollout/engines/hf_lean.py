@@ -41,6 +41,13 @@ the step's bytes (its weights once) move in a fraction of that. Capturing the fi
 (``LeanStep(fixed_shape=True)``) once per generate call and replaying it each step removes that
 cost (docs/benchmarks.md, "GPU"). The sampler stays eager (a handful of kernels on [rows, V]).
 
+**Compiled, with the sampler** (``rollout.engines.hf.lean_compile``, off by default; ``compiled``).
+The captured step still runs ~1,000 small kernels per token (RMSNorm, RoPE, SiLU * up, residual
+adds, each its own); ``torch.compile`` of the fixed-shape step fuses those chains. The compiled
+function is ``hf_decode.SampledStep``: the step and the sampler (temperature, top-p, the
+inverse-CDF pick from uniforms drawn outside, the token's log-prob), so on CUDA one graph holds
+both. On CPU the compiled step runs each token without a graph.
+
 The graph reads its inputs from two static buffers (the step's tokens and the slot j) and writes
 its logits to one static output, overwritten by the next replay: the decode loop reads each step's
 logits before it asks for the next.
@@ -291,13 +298,41 @@ class _Slot:
 
 
 WARMUP_CALLS = 2  # eager calls on a side stream before capture (cuBLAS handles, workspaces, allocator)
+# distinct shapes (prompt width, rows, T_max) one process may compile the fixed-shape step for
+# (``compiled``); torch's default, 8, would end a run whose prompt widths vary (fullgraph=True
+# turns the limit into an error), so bucket widths with ``pad_to_multiple_of``
+RECOMPILE_LIMIT = 64
+
+
+def compiled(step):
+    """``step`` (a fixed-shape step: ``LeanStep(fixed_shape=True)`` or ``hf_decode.SampledStep``)
+    through ``torch.compile``, so inductor fuses the chains of small ops (RMSNorm, RoPE, SiLU * up,
+    residual adds, the sampler's) into few kernels. fullgraph: the step must trace whole (a graph
+    break would silently bring the eager kernels back); dynamic=False: its shapes are fixed within
+    a generate call, and specialised kernels are the fastest.
+
+    On CUDA the compiled step is then captured by our own ``GraphedStep`` (compile first, then
+    capture) rather than inductor's cudagraphs (``mode="reduce-overhead"``): the step writes the
+    rows' own keys / values in place (``index_copy_`` into tensors that are neither parameters
+    nor buffers), and inductor's cudagraph trees skip a graph that mutates such inputs; one graph
+    per generate call with its static inputs is what ``GraphedStep`` already gives the eager step.
+    """
+    fn = torch.compile(step, fullgraph=True, dynamic=False)
+
+    def call(*args):
+        with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+            return fn(*args)
+
+    return call
 
 
 class GraphedStep:
-    """``step(tokens [rows], j: int) -> logits [rows, V]`` by replaying one captured graph of
-    ``fixed_step(tokens, j as a 0-dim device tensor)``; captured at the first call."""
+    """``step(tokens [rows], j: int[, u [rows, 1]]) -> its output`` by replaying one captured graph
+    of ``fixed_step(tokens, j as a 0-dim device tensor[, u])``; captured at the first call.
+    ``uniform``: the step also reads the sampler's uniforms (``hf_decode.SampledStep``); its output
+    (the logits, or the sampled tokens and log-probs) is static, overwritten by the next replay."""
 
-    def __init__(self, fixed_step, rows: int, device: torch.device):
+    def __init__(self, fixed_step, rows: int, device: torch.device, uniform: bool = False):
         if torch.device(device).type != "cuda":
             raise ValueError(
                 f"rollout.engines.hf.cuda_graph=true needs the model on a CUDA device, not {device}"
@@ -305,26 +340,31 @@ class GraphedStep:
         self.fixed_step = fixed_step
         self.tokens = torch.zeros(rows, dtype=torch.long, device=device)
         self.j = torch.zeros((), dtype=torch.long, device=device)
+        self.u = torch.zeros((rows, 1), dtype=torch.float32, device=device) if uniform else None
         self.graph: torch.cuda.CUDAGraph | None = None
-        self.logits: torch.Tensor | None = None
+        self.out = None
 
-    def __call__(self, tokens: torch.Tensor, j: int) -> torch.Tensor:
+    def __call__(self, tokens: torch.Tensor, j: int, u: torch.Tensor | None = None):
         self.tokens.copy_(tokens)
         self.j.fill_(j)
+        if self.u is not None:
+            self.u.copy_(u)
         if self.graph is None:
             self._capture()
         self.graph.replay()
-        return self.logits
+        return self.out
 
     def _capture(self) -> None:
         # the warm-up calls run the step for real on the current inputs: they write slot j of the
-        # rows' own keys / values with the values the first replay writes again
+        # rows' own keys / values with the values the first replay writes again (and compile a
+        # compiled step)
+        inputs = (self.tokens, self.j) if self.u is None else (self.tokens, self.j, self.u)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(WARMUP_CALLS):
-                self.fixed_step(self.tokens, self.j)
+                self.fixed_step(*inputs)
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
-            self.logits = self.fixed_step(self.tokens, self.j)
+            self.out = self.fixed_step(*inputs)
