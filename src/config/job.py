@@ -182,8 +182,11 @@ class CurriculumConfig:
 
 @dataclass
 class ReplayConfig:
-    """capacity 0 = on-policy (no buffer). ``alpha``: recency bias of the draw, (1 + age)^-alpha."""
+    """The replay buffer, built by Hydra ``instantiate`` from ``_target_`` with these keys (plus the
+    tokenizer's pad id and the run's seed). capacity 0 = on-policy (no buffer). ``alpha``: recency
+    bias of the draw, (1 + age)^-alpha."""
 
+    _target_: str = "src.replay.buffer.ReplayBuffer"
     capacity: int = 0  # groups held
     alpha: float = 3.0
     max_samples_per_rollout: int = 1  # times a group may be trained on

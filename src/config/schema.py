@@ -259,11 +259,14 @@ class AlgorithmGroupConfig(AlgorithmConfig):
 @dataclass
 class RolloutConfig:
     """``engine`` names one of ``engines``; each engine node is built with Hydra ``instantiate``
-    (its ``_target_`` plus the module, tokenizer, model path and ``micro_batch_size``)."""
+    (its ``_target_`` plus the module, tokenizer, model path and ``micro_batch_size``).
+    ``collector``: its ``_target_`` is called with the job's config, tokenizer, module and model
+    path (the default: single-turn, or episodes when ``env.enable``; ``src.rollout.factory``)."""
 
     engine: str = "hf"
     micro_batch_size: int = 64  # prompts x samples per generate call (HF engine)
     engines: Dict[str, Any] = field(default_factory=dict)
+    collector: Dict[str, Any] = field(default_factory=lambda: {"_target_": "src.rollout.factory.make_collector"})
     workers: int = 0  # > 0: that many Ray rollout workers feed the replay buffer asynchronously
     weight_sync_every: int = 1  # steps between weight pushes to the workers
     ray_address: Optional[str] = None  # join a running Ray cluster; None starts a local one

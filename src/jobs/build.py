@@ -1,8 +1,8 @@
 """The job's builders, one module: from the validated config to the datamodule, the rollout pipeline
 (prompt source: data or a curriculum's lessons; collector with its one engine; buffer: none, local
 replay or Ray workers, and the worker's own module copy), the actor and the module, the logging
-callbacks and the Lightning Trainer. Components with a ``_target_`` (datamodule, engine,
-environment, strategy, extra callbacks) come from Hydra ``instantiate``; nothing here rewrites a
+callbacks and the Lightning Trainer. Components with a ``_target_`` (datamodule, engine, collector,
+environment, replay buffer, strategy, extra callbacks) come from Hydra ``instantiate``; nothing here rewrites a
 setting: derived values are computed where they are used.
 """
 
@@ -42,7 +42,6 @@ from src.datamodules.curriculum import (
 from src.datamodules.position import RefillDraw
 from src.jobs.strategies import build_strategy
 from src.models.loading import LoraSettings, load_causal_lm
-from src.replay.buffer import ReplayBuffer
 from src.rollout.batch import CollectRequest, RolloutBatch
 from src.rollout.dynamic_refill import DynamicSampling
 from src.rollout.pipeline import DataSource, NoBuffer, RolloutPipeline
@@ -100,10 +99,13 @@ def build_data_group_datamodule(cfg: DictConfig, tokenizer):
 
 
 # ---------------------------------------------------------------------------- rollout
-def build_collector_factory(cfg: DictConfig, tokenizer, model_path: Path):
-    from src.rollout.factory import make_collector
+def build_collector(cfg: DictConfig, tokenizer, module, model_path: Path):
+    """``rollout.collector``'s ``_target_`` on the job's config, tokenizer, module and model path."""
+    return instantiate(cfg.rollout.collector, _partial_=True)(cfg, tokenizer, module, model_path)
 
-    return lambda module: make_collector(cfg, tokenizer, module, model_path)
+
+def build_collector_factory(cfg: DictConfig, tokenizer, model_path: Path):
+    return lambda module: build_collector(cfg, tokenizer, module, model_path)
 
 
 # ---------------------------------------------------------------------------- trainer
@@ -297,15 +299,7 @@ def build_replay_buffer(cfg: DictConfig, tokenizer, model_path: Path):
     """``LocalReplay`` (workers 0) or ``WorkerReplay`` around the configured :class:`ReplayBuffer`."""
     from src.replay.buffer import LocalReplay, RolloutWorkerPool, WorkerReplay
 
-    r = cfg.replay
-    buffer = ReplayBuffer(
-        capacity=int(r.capacity),
-        alpha=float(r.alpha),
-        max_samples_per_rollout=int(r.max_samples_per_rollout),
-        max_batch_latency=int(r.max_batch_latency),
-        pad_id=int(tokenizer.pad_token_id),
-        seed=int(cfg.seed),
-    )
+    buffer = instantiate(cfg.replay, pad_id=int(tokenizer.pad_token_id), seed=int(cfg.seed))
     n_groups = int(cfg.sampling.n_prompts)
     if cfg.rollout.workers == 0:
         return LocalReplay(buffer, n_groups)
@@ -322,12 +316,11 @@ class WorkerPolicy:
     def __init__(self, cfg_container: dict[str, Any], model_path: str):
         from src.config.job import JobConfig
         from src.models.loading import load_tokenizer
-        from src.rollout.factory import make_collector
 
         cfg = OmegaConf.merge(OmegaConf.structured(JobConfig), cfg_container)  # typed again, as on the driver
         cfg.algorithm.use_kl_loss = False  # a worker only generates: no reference model
         self.module = build_module(cfg, Path(model_path)).eval()
-        self.collector = make_collector(cfg, load_tokenizer(model_path), self.module, Path(model_path))
+        self.collector = build_collector(cfg, load_tokenizer(model_path), self.module, Path(model_path))
 
     def load_policy_state(self, state_dict) -> None:
         self.module.load_state_dict(state_dict)

@@ -371,9 +371,10 @@ class ToolRouterModule(pl.LightningModule):
     def training_step(self, batch: PromptBatch, batch_idx: int):
         """One RL step, top to bottom; each stage's wall time is logged as ``timing/<stage>_s``.
 
-        1. rollout: the pipeline generates, scores r_task and cost, and forms r_router =
-           ``algorithms.lagrange.lagrangian_reward(r_task, cost, λ)`` (with dynamic sampling or a
-           replay buffer it also decides what the loss sees);
+        1. rollout: the pipeline generates and scores r_task and cost under this step's λ
+           (r_router = ``algorithms.lagrange.lagrangian_reward(r_task, cost, λ)``, formed where it
+           is read: ``RouterRollout.reward``); with dynamic sampling or a replay buffer it also
+           decides what the loss sees;
         2. advantages: the actor's (loss module's estimator, or RLVCR's token advantages) and the
            old / reference log-probs the losses need;
         3. router: advantages of r_router and its loss (``RouterPolicy.loss``), stepped with its
