@@ -40,7 +40,9 @@ def bandit_table(n: int, seed: int) -> ReplayTable:
     return ReplayTable(inputs, reward, cost, label)
 
 
-@pytest.mark.parametrize("budget, ema_decay", [(0.3, 0.0), (0.5, 0.0), (0.3, 0.99)])
+@pytest.mark.parametrize(
+    "budget, ema_decay", [(0.3, 0.0), pytest.param(0.5, 0.0, marks=pytest.mark.slow), (0.3, 0.99)]
+)  # another budget, same behaviour: the slow tier
 def test_replay_holds_the_budget_and_routes_by_label(budget, ema_decay):
     """Tools gain 2 over answer on tool prompts, so λ settles near 2 and the budget decides how many
     tool prompts get a tool; ANSWER prompts stay on answer and tool routes take the own family.
