@@ -91,36 +91,11 @@ def one_torch_thread():
     torch.set_num_threads(before)
 
 
-# The longest end-to-end modules (minutes of training runs each), longest first. pytest-xdist hands
-# out whole modules (--dist loadscope) in collection order: started first, they end while the
-# many short modules still fill both workers, instead of one running alone at the end.
-LONGEST_FIRST = (
-    "test_strategies_job.py",
-    "test_rlvcr_job.py",
-    "test_kill_matrix.py",
-    "test_replay_router.py",
-    "test_infer_evaluate.py",
-    "test_replay_curriculum_jobs.py",
-    "test_resume_safety.py",
-    "test_router_job.py",
-    "test_reproducible.py",
-    "test_entry_point.py",
-)
-
-
-def _run_order(item) -> int:
-    path = Path(str(item.fspath))
-    if path.name in LONGEST_FIRST:
-        return LONGEST_FIRST.index(path.name)
-    return len(LONGEST_FIRST) + ("e2e" not in path.parts)  # other end-to-end modules, then unit
-
-
 def pytest_collection_modifyitems(config, items):
-    """`gpu`-marked tests skip cleanly where CUDA is absent; the longest modules run first."""
+    """`gpu`-marked tests skip cleanly where CUDA is absent."""
     import torch
 
     skip = pytest.mark.skip(reason="needs CUDA")
     for item in items:
         if "gpu" in item.keywords and not torch.cuda.is_available():
             item.add_marker(skip)
-    items.sort(key=_run_order)  # stable: each module keeps its own order
