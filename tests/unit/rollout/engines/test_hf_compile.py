@@ -5,7 +5,7 @@ against the eager lean step."""
 import pytest
 import torch
 from test_hf_graph import CUDA
-from test_hf_lean import PAD, _left_padded, _prompts, _random_model, lean_step
+from test_hf_lean import PAD, _left_padded, _prompts, _random_model, assert_fixed_step_agrees
 
 from src.config.sampling import SamplingParams
 from src.rollout.engines import hf_lean
@@ -114,16 +114,7 @@ def test_lean_compile_needs_decode_lean_and_is_off_by_default():
 
 @pytest.mark.slow
 def test_the_compiled_fixed_shape_step_gives_the_eager_steps_logits_on_cpu(model):
-    vocab, n, t_max = model.config.vocab_size, 3, 10
-    ids, attn = _left_padded([6, 2, 9], vocab, seed=4)
-    g = torch.Generator().manual_seed(2)
-    with torch.no_grad():
-        eager = lean_step(model, True, ids, attn, n, t_max)
-        compiled = hf_lean.compiled(lean_step(model, True, ids, attn, n, t_max))
-        for j in range(t_max):
-            tokens = torch.randint(2, vocab, (ids.shape[0] * n,), generator=g)
-            ref, got = eager(tokens, torch.tensor(j)), compiled(tokens, torch.tensor(j))
-            assert torch.allclose(got, ref, atol=1e-5, rtol=1e-5), (j, (got - ref).abs().max())
+    assert_fixed_step_agrees(model, hf_lean.compiled, fixed_reference=True)
 
 
 @pytest.mark.slow

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from test_hf_lean import EOS, PAD, _left_padded, _prompts, _random_model, lean_step
+from test_hf_lean import EOS, PAD, _left_padded, _prompts, _random_model, assert_fixed_step_agrees, lean_step
 
 from src.config.sampling import SamplingParams
 from src.rollout.engines.hf import HFEngineSettings, HFGenerateEngine
@@ -19,17 +19,7 @@ def model(request, tiny):
 
 
 def test_the_fixed_shape_step_gives_the_logits_of_the_sliced_step_at_every_slot(model):
-    vocab, n, t_max = model.config.vocab_size, 3, 10
-    ids, attn = _left_padded([6, 2, 9], vocab, seed=4)
-    g = torch.Generator().manual_seed(2)
-    with torch.no_grad():
-        sliced = lean_step(model, False, ids, attn, n, t_max)
-        fixed = lean_step(model, True, ids, attn, n, t_max)
-        for j in range(t_max):
-            tokens = torch.randint(2, vocab, (ids.shape[0] * n,), generator=g)
-            ref = sliced(tokens, j)
-            got = fixed(tokens, torch.tensor(j))
-            assert torch.allclose(got, ref, atol=1e-5, rtol=1e-5), (j, (got - ref).abs().max())
+    assert_fixed_step_agrees(model, lambda fixed: fixed, fixed_reference=False)
 
 
 def test_the_fixed_shape_step_reads_no_slot_after_j():
