@@ -42,12 +42,7 @@ log = logging.getLogger(__name__)
 
 def prompt_token_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
     """Chat-templated prompt ids with the assistant generation prompt appended."""
-    ids = tokenizer.apply_chat_template(
-        messages, add_generation_prompt=True, tokenize=True, return_dict=False
-    )
-    if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # older/newer transformers may wrap
-        ids = ids["input_ids"]
-    return [int(i) for i in ids]
+    return prompt_token_ids_batch(tokenizer, [messages])[0]
 
 
 def prompt_token_ids_batch(tokenizer: Any, conversations: list[list[dict[str, str]]]) -> list[list[int]]:

@@ -56,7 +56,11 @@ def test_real_toolrl_test_parquet_loads_as_is(tokenizer):
         assert rec["messages"] == [{"role": m["role"], "content": m["content"]} for m in row["prompt"]]
         assert all(type(m) is dict for m in rec["messages"])
         assert rec["ground_truth"] == row["reward_model"]["ground_truth"]
-        assert rec["prompt_ids"] == prompt_token_ids(tokenizer, rec["messages"])
+        # the datamodule encodes the rendered templates in one call: transformers' own one-by-one ids
+        want = tokenizer.apply_chat_template(
+            rec["messages"], add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        assert rec["prompt_ids"] == list(want) == prompt_token_ids(tokenizer, rec["messages"])
         assert rec["extra_info"]["split"] == "test" and isinstance(rec["extra_info"]["index"], int)
     uids = sorted(r["uid"] for b in dm.train_dataloader() for r in b)
     assert uids == sorted(e["index"] for e in df["extra_info"])
