@@ -224,12 +224,13 @@ def router_rollout(
 
 def add_route_columns(rows: list[dict], decision: RouteDecision, router: RouterRollout, labels: list[str]):
     """Route, router probability, weak label and r_router on each row (in place: rows are ours)."""
+    r_router = router.reward.tolist()  # formed once (a property: r_task − λ·cost), not per row
     for i, row in enumerate(rows):
         row.update(
             route=ROUTE_NAMES[int(decision.action[i])],
             router_prob=float(decision.log_prob[i].exp()),
             weak_label=labels[i],
-            reward_router=float(router.reward[i]),
+            reward_router=r_router[i],
         )
 
 
