@@ -128,8 +128,9 @@ def ours_command(args, s: dict, engine: str, run_dir: Path) -> list[str]:
         cmd += ["rollout.engines.hf.decode=lean", "rollout.engines.hf.cuda_graph=true"]
     elif engine == "hfcompile":  # decode=lean compiled with its sampler, as CUDA graphs on a GPU
         graph = "true" if args.device == "cuda" else "false"
+        # prompt widths bucketed by 64: each new width compiles the step again (tens of seconds on a GPU)
         cmd += ["rollout.engines.hf.decode=lean", "rollout.engines.hf.lean_compile=true",
-                f"rollout.engines.hf.cuda_graph={graph}"]  # fmt: skip
+                f"rollout.engines.hf.cuda_graph={graph}", "rollout.engines.hf.pad_to_multiple_of=64"]  # fmt: skip
     elif engine == "hfgen":  # the HF engine with Hugging Face generate (an A/B under one load)
         cmd += ["rollout.engines.hf.decode=generate"]
     else:

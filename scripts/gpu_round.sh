@@ -2,14 +2,13 @@
 # One round of the GPU checks on a lent machine (docs/benchmarks.md, "GPU"), in priority order under
 # one deadline, each part with its own log:
 #   1. the environment (GPU, torch, transformers, the wheels it lacks installed from WHEELS);
-#   2. the CUDA-graph decode tests (tests/unit/rollout/engines/test_hf_graph.py, marker gpu);
+#   2. the decode tests on CUDA: the CUDA-graph lean step and the compiled lean step with its sampler
+#      (tests/unit/rollout/engines/test_hf_graph.py, test_hf_compile.py, marker gpu);
 #   3. the ~0.37 B setting of ../shared/bench/README.md (P8 G8 T256, bf16) side by side with TRL:
-#      TRL, ours decode=lean, ours decode=lean as CUDA graphs (scripts/bench_side_by_side.py);
+#      TRL, ours as CUDA graphs (hfgraph, the default on a GPU), ours compiled + graphed (hfcompile);
 #   4. the gpu-marked job tests (bf16 on one GPU; FSDP2, ZeRO-2, ZeRO-3 with checkpoint + resume);
 #   5. the main job's steps (scripts/benchmark.py experiment=router_grpo on the GPU, bf16);
-#   6. a second side-by-side round where time is left;
-#   7. where time is left: the compiled lean step (rollout.engines.hf.lean_compile; its gpu tests in
-#      tests/unit/rollout/engines/test_hf_compile.py), then hfgraph against hfcompile (ours only).
+#   6. a second side-by-side round, in the other order, where time is left.
 #
 #   scripts/gpu_round.sh OUT SHARE [WHEELS] [DEADLINE_S]
 # SHARE holds bench/ (a copy of ../shared/bench) and data/rlla_4k/test.parquet +
@@ -46,9 +45,10 @@ python3 "$SHARE/bench/make_tiny_model.py" $W/q05b --parquet "$SHARE/data/rlla_4k
   --intermediate 4864 --vocab 8192 --seed 0 2>&1 | tail -2
 python3 "$SHARE/bench/truncate_parquet.py" $W/q05b "$SHARE/data/rlla_4k/test.parquet" $W/trunc512.parquet 2>&1 | tail -1
 
-part "2. CUDA-graph decode tests"
+part "2. decode tests on CUDA"
 cd "$REPO"
-timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/unit/rollout/engines/test_hf_graph.py 2>&1 | tail -15 | tee "$OUT/graph_tests.log"
+timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/unit/rollout/engines/test_hf_graph.py \
+  tests/unit/rollout/engines/test_hf_compile.py 2>&1 | tail -15 | tee "$OUT/decode_tests.log"
 
 side_by_side() {  # $1 = our engines (TRL runs first)
   timeout "$(left)" python3 scripts/bench_side_by_side.py --work $W --model q05b --device cuda --settings P8G8T256 \
@@ -56,7 +56,7 @@ side_by_side() {  # $1 = our engines (TRL runs first)
     --out "$OUT/side_by_side.jsonl" 2>&1 | grep -v '^{' | tail -8
 }
 part "3. 0.37 B side by side, round 1 ($(left) s left)"
-side_by_side hf,hfgraph
+side_by_side hfgraph,hfcompile
 
 if [ "$(left)" -gt 200 ]; then
   part "4. gpu job tests ($(left) s left)"
@@ -74,14 +74,7 @@ fi
 
 if [ "$(left)" -gt 150 ]; then
   part "6. 0.37 B side by side, round 2 ($(left) s left)"
-  side_by_side hfgraph,hf
-fi
-if [ "$(left)" -gt 200 ]; then
-  part "7. compiled lean step: gpu tests, then hfgraph vs hfcompile ($(left) s left)"
-  timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/unit/rollout/engines/test_hf_compile.py 2>&1 | tail -15 | tee "$OUT/compile_tests.log"
-  timeout "$(left)" python3 scripts/bench_side_by_side.py --work $W --model q05b --device cuda --settings P8G8T256 \
-    --engines hfgraph,hfcompile --no-trl --rounds 1 --steps 6 --allocator default \
-    --out "$OUT/side_by_side.jsonl" 2>&1 | grep -v '^{' | tail -8
+  side_by_side hfcompile,hfgraph
 fi
 part "done"
 # the runs' logs only: their run folders hold checkpoints of the 0.37 B model (GBs; taring them
