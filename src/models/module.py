@@ -412,7 +412,14 @@ class ToolRouterModule(pl.LightningModule):
         """(the step's rollouts, the pipeline's scalars), sampled under the seed of (seed, step)."""
         if self.pipeline is None:
             raise RuntimeError("ToolRouterModule has no rollout pipeline (pipeline=...): it cannot train")
-        return self.pipeline.rollout(batch.records, self.global_step, self.current_lambda())
+        with self._engine_precision():
+            return self.pipeline.rollout(batch.records, self.global_step, self.current_lambda())
+
+    def _engine_precision(self):
+        """The engine generates in the model's own dtype, as an engine with its own weights (vLLM)
+        does, not under the trainer's mixed-precision autocast, which training_step and
+        validation_step run in: its casts would reach a captured CUDA graph of the decode step."""
+        return torch.autocast(self.device.type, enabled=False)
 
     def update_lambda(self, rb: RolloutBatch) -> dict[str, float]:
         """λ's one update, from this step's router costs summed over every rank. Scalars to log."""
@@ -435,7 +442,8 @@ class ToolRouterModule(pl.LightningModule):
         (``HeldOutRoutingLogger``), not per batch."""
         if self.pipeline is None:
             raise RuntimeError("ToolRouterModule has no rollout pipeline (pipeline=...): it cannot validate")
-        rb = self.pipeline.evaluate(batch.records, self.global_step, self.current_lambda())
+        with self._engine_precision():
+            rb = self.pipeline.evaluate(batch.records, self.global_step, self.current_lambda())
         metrics = all_rank_rollout_metrics(rb, prefix="val")
         self._warn_non_finite(metrics)
         self.log_dict(metrics, on_step=False, on_epoch=True, logger=True, batch_size=len(rb))

@@ -49,9 +49,22 @@ def warped_log_probs(logits: torch.Tensor, temperature: float, top_p: float) -> 
         return logp
     sorted_lp, order = logp.sort(dim=-1, descending=True)
     probs = sorted_lp.exp()
-    drop_sorted = (probs.cumsum(-1) - probs) >= top_p
+    drop_sorted = (cumsum_last(probs) - probs) >= top_p
     drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
     return torch.log_softmax(logp.masked_fill(drop, float("-inf")), dim=-1)
+
+
+@torch.library.custom_op("toolrouter::cumsum_last", mutates_args=())
+def cumsum_last(x: torch.Tensor) -> torch.Tensor:
+    """``x.cumsum(-1)``, opaque to ``torch.compile``: a compiled sampler (``lean_compile``) calls
+    ATen's kernel, as the eager one does (the same values). Inductor's own Triton scan of a
+    [64, 8192] fp32 row block (its split scan) fails to build on torch 2.11 (docs/benchmarks.md)."""
+    return x.cumsum(-1)
+
+
+@cumsum_last.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
 
 
 def sampling_log_probs(
@@ -93,7 +106,7 @@ def _inverse_cdf(log_weights: torch.Tensor, generator: torch.Generator | None = 
 def inverse_cdf_at(log_weights: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The inverse-CDF pick at given uniforms: unnormalised log-weights [N, V], u [N, 1] in [0, 1)
     -> (tokens [N], the weights' totals [N, 1]). No random op: it can sit inside a graph."""
-    cdf = log_weights.exp().cumsum_(-1)
+    cdf = cumsum_last(log_weights.exp())
     total = cdf[:, -1:]
     return torch.searchsorted(cdf, u * total, right=True).squeeze(-1).clamp_(max=cdf.shape[-1] - 1), total
 

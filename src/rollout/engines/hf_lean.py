@@ -131,8 +131,11 @@ def _rms_norm(norm, x: torch.Tensor) -> torch.Tensor:
 
 def onednn_products(weight: torch.Tensor) -> bool:
     """Whether the decode step's products run through oneDNN for parameters like ``weight``: on
-    CPU, in fp32, where PyTorch was built with it (module docstring)."""
-    on_cpu_fp32 = weight.device.type == "cpu" and weight.dtype == torch.float32
+    CPU, in fp32 and not under autocast (its kernels take fp32 inputs alone), where PyTorch was
+    built with it (module docstring)."""
+    on_cpu_fp32 = (
+        weight.device.type == "cpu" and weight.dtype == torch.float32 and not torch.is_autocast_enabled("cpu")
+    )
     return (
         on_cpu_fp32
         and torch.backends.mkldnn.is_available()
@@ -292,7 +295,8 @@ class _Slot:
         )
 
         def write(cache: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
-            return cache.index_copy_(3, at, new[:, :, :, None])
+            # under autocast new is bf16 into an fp32 cache: cast as the sliced step's assignment does
+            return cache.index_copy_(3, at, new[:, :, :, None].to(cache.dtype))
 
         return cls(step.cos.index_select(0, at)[0], step.sin.index_select(0, at)[0], write, own_bias)
 

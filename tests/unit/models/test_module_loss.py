@@ -172,6 +172,24 @@ def test_batches_are_prompt_batches_and_a_module_without_pipeline_cannot_step(ti
         module.pipeline_rollout(batch)
 
 
+def test_the_engine_generates_outside_the_trainers_autocast(tiny):
+    """A bf16-mixed trainer runs training_step and validation_step under autocast; the rollout and
+    the validation rollouts run in the model's own dtype (a captured decode graph must not hold
+    autocast's casts)."""
+    module, seen = make_module(tiny), []
+
+    class Pipeline:
+        def rollout(self, *args):
+            seen.append(torch.is_autocast_enabled("cpu"))
+            return "rollouts", {}
+
+    module.pipeline = Pipeline()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert module.pipeline_rollout(PromptBatch([{"uid": "a"}])) == ("rollouts", {})
+        assert torch.is_autocast_enabled("cpu")
+    assert seen == [False]
+
+
 def test_non_finite_metrics_are_logged_and_named_in_a_warning(tiny, caplog):
     """No metric is filtered out: NaN / inf reach the logger, with a warning naming them and the step."""
     import logging

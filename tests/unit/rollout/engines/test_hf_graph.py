@@ -22,6 +22,14 @@ def test_the_fixed_shape_step_gives_the_logits_of_the_sliced_step_at_every_slot(
     assert_fixed_step_agrees(model, lambda fixed: fixed, fixed_reference=False)
 
 
+def test_the_fixed_shape_step_runs_under_mixed_precision_autocast():
+    """Under bf16 autocast on fp32 weights (what a bf16-mixed trainer sets up) the new keys / values
+    come out bf16 into an fp32 cache: the fixed-shape write casts them as the sliced step's
+    assignment does (``index_copy_`` would refuse the mixed dtypes)."""
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert_fixed_step_agrees(_random_model("qwen2"), lambda fixed: fixed, fixed_reference=False, atol=3e-2)
+
+
 def test_the_fixed_shape_step_reads_no_slot_after_j():
     """Garbage in the slots after j changes nothing: they are masked, not merely not yet written."""
     model = _random_model("qwen2")

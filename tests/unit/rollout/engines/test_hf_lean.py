@@ -104,8 +104,8 @@ def lean_step(model, fixed: bool, ids, attn, n: int, t_max: int):
     return hf_lean.LeanStep(model, cache, attn, n, t_max, fixed_shape=fixed)
 
 
-def assert_fixed_step_agrees(model, candidate_of, fixed_reference: bool) -> None:
-    """The logits of ``candidate_of(the fixed-shape step)`` equal (to 1e-5) the reference step's at
+def assert_fixed_step_agrees(model, candidate_of, fixed_reference: bool, atol: float = 1e-5) -> None:
+    """The logits of ``candidate_of(the fixed-shape step)`` equal (to ``atol``) the reference step's at
     every slot, on the same prompts' prefill and the same random tokens. The reference is the
     sliced step (j an int) or, with ``fixed_reference``, the fixed-shape one (j a 0-dim tensor)."""
     vocab, n, t_max = model.config.vocab_size, 3, 10
@@ -118,7 +118,7 @@ def assert_fixed_step_agrees(model, candidate_of, fixed_reference: bool) -> None
             tokens = torch.randint(2, vocab, (ids.shape[0] * n,), generator=g)
             ref = reference(tokens, torch.tensor(j) if fixed_reference else j)
             got = candidate(tokens, torch.tensor(j))
-            assert torch.allclose(got, ref, atol=1e-5, rtol=1e-5), (j, (got - ref).abs().max())
+            assert torch.allclose(got, ref, atol=atol, rtol=atol), (j, (got - ref).abs().max())
 
 
 @contextlib.contextmanager
