@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
-from jobhelpers import ROUTER_RUN_OVERRIDES
+
+# Under pytest-xdist the two workers share the two cores: a process one of them starts with a thread
+# per core (torch's default) spin-waits on the core the other worker holds. Measured: infer.py
+# --route-only on 256 prompts took 12 s alone, 23 s beside one busy core with two threads and 14 s
+# with one (96 s inside the test tier). Every process a worker starts, and the worker itself, gets
+# one thread (training runs set theirs with trainer.threads anyway).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from jobhelpers import ROUTER_RUN_OVERRIDES  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
