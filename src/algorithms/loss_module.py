@@ -179,7 +179,10 @@ class LossModule:
 
 
 def build_loss_module(cfg: Any) -> LossModule:
-    """A LossModule from an ``AlgorithmConfig``; unknown names or params fail here, naming the key."""
+    """A LossModule from an ``AlgorithmConfig``; unknown names or params fail here, naming the key.
+
+    The default ``algorithm.loss_module._target_``: the job calls it with the ``algorithm`` group's
+    settings (``src.jobs.build``); a researcher's own factory with the same signature replaces it."""
     LOSS_AGG.get(cfg.loss_agg_mode)  # KeyError naming the known modes
     if cfg.old_log_prob_source not in OLD_LOG_PROB_SOURCES:
         raise ValueError(

@@ -249,10 +249,18 @@ class DynamicSamplingConfig:
 
 @dataclass
 class AlgorithmGroupConfig(AlgorithmConfig):
-    """The ``algorithm`` group: the loss settings (RLVCR's included) and their optimizer."""
+    """The ``algorithm`` group: the loss settings (RLVCR's included) and their optimizer.
+
+    ``loss_module``: its ``_target_`` is called with this group's settings (the dataclass itself)
+    and returns the loss module the LightningModule trains with (the default,
+    ``src.algorithms.loss_module.build_loss_module``, picks the registries by name); a researcher's
+    own is one override, nothing in ``src/`` edited."""
 
     optim: OptimConfig = field(default_factory=OptimConfig)
     dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
+    loss_module: Dict[str, Any] = field(
+        default_factory=lambda: {"_target_": "src.algorithms.loss_module.build_loss_module"}
+    )
 
 
 # ---------------------------------------------------------------------------- rollout

@@ -2,8 +2,8 @@
 (prompt source: data or a curriculum's lessons; collector with its one engine; buffer: none, local
 replay or Ray workers, and the worker's own module copy), the actor and the module, the logging
 callbacks and the Lightning Trainer. Components with a ``_target_`` (datamodule, engine, collector,
-environment, replay buffer, strategy, extra callbacks) come from Hydra ``instantiate``; nothing here
-rewrites a setting: derived values are computed where they are used.
+loss module, environment, replay buffer, strategy, extra callbacks) come from Hydra ``instantiate``;
+nothing here rewrites a setting: derived values are computed where they are used.
 """
 
 from __future__ import annotations
@@ -161,6 +161,14 @@ def build_trainer(cfg: DictConfig, extra_callbacks: list[pl.Callback]) -> pl.Tra
     )
 
 
+def build_loss(cfg: DictConfig, algorithm: AlgorithmGroupConfig):
+    """``algorithm.loss_module``'s ``_target_`` on the group's settings (``algorithm``, the dataclass).
+
+    A config without the node (a run manifest written before it existed) gets the schema's default."""
+    node = cfg.algorithm.loss_module if "loss_module" in cfg.algorithm else algorithm.loss_module
+    return instantiate(node, _partial_=True)(algorithm)
+
+
 def build_module(cfg: DictConfig, path: Path, pipeline=None):
     from src.models.module import ToolRouterModule
 
@@ -169,11 +177,11 @@ def build_module(cfg: DictConfig, path: Path, pipeline=None):
     return ToolRouterModule(
         build_actor(cfg, path),
         algorithm,
-        algorithm.optim,
         router,
         reference_factory=lambda: load_causal_lm(path, cfg.model.dtype),
         seed=cfg.seed,
         pipeline=pipeline,
+        loss_module=build_loss(cfg, algorithm),
     )
 
 

@@ -23,7 +23,7 @@ import torch
 from lightning.pytorch.strategies import ParallelStrategy
 
 from src.algorithms.lagrange import LagrangeMultiplier
-from src.algorithms.loss_module import build_loss_module
+from src.algorithms.loss_module import LossModule, build_loss_module
 from src.algorithms.losses import (
     KL_ESTIMATORS,
     aggregate,
@@ -31,7 +31,7 @@ from src.algorithms.losses import (
     rollout_is_weights,
     token_log_probs_and_entropy,
 )
-from src.config.schema import AlgorithmConfig, DualSettings, OptimConfig, RouterHeadConfig
+from src.config.schema import AlgorithmGroupConfig, DualSettings, RouterHeadConfig
 from src.models.router_policy import RouterPolicy
 from src.models.sharding import fully_shard_policy
 from src.models.shared_prefix import prompt_groups, response_logit_pieces
@@ -103,19 +103,20 @@ class ToolRouterModule(pl.LightningModule):
     def __init__(
         self,
         actor,
-        algorithm: AlgorithmConfig,
-        optim: OptimConfig,
+        algorithm: AlgorithmGroupConfig,
         router: RouterHeadConfig,
         reference_factory: Callable[[], torch.nn.Module] | None = None,
         seed: int = 0,
         pipeline: RolloutPipeline | None = None,
+        loss_module: LossModule | None = None,
     ):
         super().__init__()
         self.actor = actor
         self.algo = algorithm
-        self.optim_cfg = optim
+        self.optim_cfg = algorithm.optim
         self.router_cfg = router
-        self.loss_module = build_loss_module(algorithm)
+        # the job's (``algorithm.loss_module._target_``, src.jobs.build); built here when none is given
+        self.loss_module = loss_module if loss_module is not None else build_loss_module(algorithm)
         # rows without their own temperature were sampled at this one (the config: sampling.temperature)
         self.default_temperature = float(algorithm.temperature) if algorithm.temperature is not None else 1.0
         self.router_head = (

@@ -1,7 +1,10 @@
-"""The swappable components come from their ``_target_``: engine, datamodule, environment."""
+"""The swappable components come from their ``_target_``: engine, datamodule, environment,
+strategy, loss module."""
 
 from __future__ import annotations
 
+import pytest
+import torch
 from omegaconf import OmegaConf
 
 from src.config.job import compose_job
@@ -90,3 +93,93 @@ def test_the_module_takes_the_router_config_as_its_lambda_settings():
     assert isinstance(router, DualSettings)
     assert (router.lambda_lr, router.lambda_update) == (0.25, "pid")
     assert {f.name for f in fields(DualSettings)} <= set(cfg.router)  # every field is a config key
+
+
+def constant_advantage_loss_module(algorithm, value: float):
+    """A researcher's loss module: the default one, except that every advantage is ``value``."""
+    from dataclasses import replace
+
+    from src.algorithms.loss_module import build_loss_module
+
+    return replace(
+        build_loss_module(algorithm),
+        advantage_name="constant",
+        advantage_fn=lambda rewards, index: torch.full_like(rewards, value),
+    )
+
+
+def test_every_algorithm_and_experiment_defaults_to_the_registry_loss_module():
+    from pathlib import Path
+
+    configs = Path(__file__).resolve().parents[3] / "configs"
+    overrides = [f"algorithm={p.stem}" for p in sorted((configs / "algorithm").glob("*.yaml"))]
+    overrides += [f"experiment={p.stem}" for p in sorted((configs / "experiment").glob("*.yaml"))]
+    for override in overrides:
+        node = compose_job([override]).algorithm.loss_module
+        assert dict(node) == {"_target_": "src.algorithms.loss_module.build_loss_module"}, override
+
+
+def test_the_default_target_builds_the_registry_loss_module():
+    """Same names, same functions bound to the same params: what ``build_loss_module`` gives."""
+    from src.algorithms.loss_module import build_loss_module
+    from src.config.schema import AlgorithmGroupConfig
+    from src.jobs.build import build_loss, dataclass_from
+
+    cfg = compose_job(["algorithm=ppo"])
+    algorithm = dataclass_from(AlgorithmGroupConfig, cfg.algorithm)
+    built, direct = build_loss(cfg, algorithm), build_loss_module(algorithm)
+    assert type(built) is type(direct)
+    for name in ("advantage_fn", "policy_loss_fn"):
+        a, b = getattr(built, name), getattr(direct, name)
+        assert (a.func, a.args, a.keywords.keys()) == (b.func, b.args, b.keywords.keys())
+    assert (built.advantage_name, built.policy_loss_name, built.agg_mode, built.norm_len) == (
+        direct.advantage_name,
+        direct.policy_loss_name,
+        direct.agg_mode,
+        direct.norm_len,
+    )
+    # a run manifest written before the node existed: the schema's default
+    old = OmegaConf.create({"algorithm": {k: v for k, v in cfg.algorithm.items() if k != "loss_module"}})
+    assert build_loss(old, algorithm).advantage_name == direct.advantage_name
+
+
+def test_the_module_trains_with_the_loss_module_of_its_target(tiny_model_dir):
+    from src.jobs.build import build_module
+    from src.jobs.checks import validate_job
+    from src.rollout.batch import RolloutBatch
+
+    cfg = compose_job(
+        [
+            "experiment=grpo",
+            f"algorithm.loss_module._target_={__name__}.constant_advantage_loss_module",
+            "+algorithm.loss_module.value=0.25",
+            "algorithm.use_kl_loss=false",  # no reference model to load here
+        ]
+    )
+    validate_job(cfg)
+    module = build_module(cfg, tiny_model_dir)
+    assert module.loss_module.advantage_name == "constant"
+    n, width = 4, 3
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1], [0, 0, 0]]).float()
+    rb = RolloutBatch(
+        input_ids=torch.ones(n, 2 + width, dtype=torch.long),
+        attention_mask=torch.ones(n, 2 + width, dtype=torch.long),
+        response_mask=mask,
+        rewards=torch.tensor([1.0, 0.0, 0.5, 2.0]),
+        uids=[0, 0, 1, 1],
+        rollout_log_probs=torch.zeros(n, width),
+    )
+    torch.testing.assert_close(module._loss_inputs(rb, n_minibatches=1).advantages, 0.25 * mask)
+
+
+def test_a_bad_loss_module_target_names_its_key():
+    """As for the collector: Hydra's error when the module is built names the target and the node."""
+    from hydra.errors import InstantiationException
+
+    from src.config.schema import AlgorithmGroupConfig
+    from src.jobs.build import build_loss, dataclass_from
+
+    cfg = compose_job(["algorithm.loss_module._target_=src.algorithms.loss_module.no_such_factory"])
+    with pytest.raises(InstantiationException) as err:
+        build_loss(cfg, dataclass_from(AlgorithmGroupConfig, cfg.algorithm))
+    assert "no_such_factory" in str(err.value) and "full_key: algorithm.loss_module" in str(err.value)

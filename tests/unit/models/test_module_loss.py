@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from src.config.sampling import SamplingParams
-from src.config.schema import AlgorithmConfig, OptimConfig, RouterHeadConfig
+from src.config.schema import AlgorithmGroupConfig, RouterHeadConfig
 from src.models.module import ToolRouterModule
 from src.rollout.batch import PromptBatch, RolloutBatch, assemble_sequences
 from src.rollout.engines.hf import HFGenerateEngine
@@ -19,8 +19,8 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 def make_module(tiny, **algo) -> ToolRouterModule:
     model = copy.deepcopy(tiny[0]).eval()  # eval: no dropout, so two passes are comparable
-    cfg = AlgorithmConfig(use_kl_loss=False, **algo)
-    module = ToolRouterModule(model, cfg, OptimConfig(), RouterHeadConfig())
+    cfg = AlgorithmGroupConfig(use_kl_loss=False, **algo)
+    module = ToolRouterModule(model, cfg, RouterHeadConfig())
     module.manual_backward = lambda loss: loss.backward()  # no Trainer here: plain autograd
     return module
 
@@ -217,8 +217,8 @@ def test_router_reads_the_configured_hidden_layer(tiny, layer):
     """``router.hidden_layer`` 0 pools the input embeddings, -1 the last layer's (normed) states."""
     model, tok = copy.deepcopy(tiny[0]).eval(), tiny[1]
     cfg = RouterHeadConfig(enable=True, pooling="tail", tail_tokens=4, hidden_layer=layer)
-    algo = AlgorithmConfig(use_kl_loss=False)
-    module = ToolRouterModule(model, algo, OptimConfig(), cfg)
+    algo = AlgorithmGroupConfig(use_kl_loss=False)
+    module = ToolRouterModule(model, algo, cfg)
     rows = prompts(tok)
     width = max(map(len, rows))
     ids = torch.tensor([[tok.pad_token_id] * (width - len(r)) + r for r in rows])
@@ -250,7 +250,7 @@ def test_router_on_base_embeddings_reads_the_frozen_table_not_the_actor(tiny):
     cfg = RouterHeadConfig(
         enable=True, pooling="tail", tail_tokens=4, hidden_layer=0, input="base_embeddings"
     )
-    module = ToolRouterModule(model, AlgorithmConfig(use_kl_loss=False), OptimConfig(), cfg)
+    module = ToolRouterModule(model, AlgorithmGroupConfig(use_kl_loss=False), cfg)
     head = module.router_head
     assert "base_embedding" in head.state_dict()
     assert all(p is not head.base_embedding for p in head.parameters())

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from src.algorithms.losses import token_log_probs_and_entropy
-from src.config.schema import AlgorithmConfig, OptimConfig, RouterHeadConfig
+from src.config.schema import AlgorithmConfig, AlgorithmGroupConfig, RouterHeadConfig
 from src.models.loading import LoraSettings, decoder_of, load_causal_lm
 from src.models.module import ToolRouterModule, position_ids
 from src.models.prompt_cache import trim_reason
@@ -148,9 +148,9 @@ def test_falls_back_to_the_plain_forward_where_sharing_cannot_apply_or_pay(model
 
 def make_module(tiny, shared: bool, **algo) -> ToolRouterModule:
     model = copy.deepcopy(tiny[0]).eval()
-    cfg = AlgorithmConfig(shared_prompt_forward=shared, **algo)
+    cfg = AlgorithmGroupConfig(shared_prompt_forward=shared, **algo)
     module = ToolRouterModule(
-        model, cfg, OptimConfig(), RouterHeadConfig(), reference_factory=lambda: copy.deepcopy(tiny[0])
+        model, cfg, RouterHeadConfig(), reference_factory=lambda: copy.deepcopy(tiny[0])
     )
     module.manual_backward = lambda loss: loss.backward()  # no Trainer here: plain autograd
     module.setup("fit")

@@ -13,7 +13,7 @@ import torch
 from src.algorithms.lagrange import component_advantage, scalarized_advantage, sign_flip_fraction
 from src.algorithms.loss_module import advantage_fn
 from src.algorithms.losses import router_loss
-from src.config.schema import AlgorithmConfig, OptimConfig, RouterHeadConfig
+from src.config.schema import AlgorithmGroupConfig, RouterHeadConfig
 from src.models.module import ToolRouterModule
 from src.models.router_policy import RouterPolicy
 from src.rollout.batch import RolloutBatch
@@ -89,9 +89,7 @@ def test_the_loss_reports_the_share_of_rows_the_cost_term_flips():
 def test_every_router_step_logs_the_sign_flip_fraction(tiny):
     """``ToolRouterModule._router_update``'s scalars (no Trainer: one optimizer, the loss returned)."""
     model = copy.deepcopy(tiny[0]).eval()
-    module = ToolRouterModule(
-        model, AlgorithmConfig(use_kl_loss=False), OptimConfig(), RouterHeadConfig(enable=True)
-    )
+    module = ToolRouterModule(model, AlgorithmGroupConfig(use_kl_loss=False), RouterHeadConfig(enable=True))
     actor_opt = torch.optim.SGD(module.actor.parameters(), lr=0.0)
     module._optimizers = lambda: (actor_opt, None)
     router, uids = _rollout(1.2, seed=3)
