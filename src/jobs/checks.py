@@ -11,8 +11,9 @@ must be reachable under the configured tool cost (``src/router/usage.py:max_cost
 from __future__ import annotations
 
 import math
+from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from src.algorithms.lagrange import DUAL_UPDATES, ROUTER_ADVANTAGES
 from src.algorithms.loss_module import ADVANTAGES, OLD_LOG_PROB_SOURCES
@@ -64,6 +65,32 @@ def registry_problems(cfg: DictConfig) -> list[str]:
     return problems
 
 
+def target_problems(node: Any, key: str = "") -> list[str]:
+    """Every ``_target_`` of the config (a component's default or a researcher's own) must import:
+    a typo is one line naming its key before anything is written, not an instantiation traceback
+    from inside the job once the run directory exists. ``node``: the job config or a part of it."""
+    # what ``instantiate`` itself resolves a target with (hydra.utils.get_object would also log it)
+    from hydra._internal.utils import _locate
+
+    if isinstance(node, (DictConfig, ListConfig)):
+        node = OmegaConf.to_container(node, resolve=False)
+    problems = []
+    if isinstance(node, dict):
+        target = node.get("_target_")
+        if isinstance(target, str):
+            try:
+                _locate(target)
+            except Exception as err:  # noqa: BLE001 - ImportError / AttributeError, said on one line
+                cause = " ".join(str(err.__cause__ or err).split())
+                problems.append(f"{key}._target_={target}: cannot be imported ({cause})")
+        for child, value in node.items():
+            problems += target_problems(value, f"{key}.{child}" if key else str(child))
+    elif isinstance(node, list):
+        for i, item in enumerate(node):
+            problems += target_problems(item, f"{key}[{i}]")
+    return problems
+
+
 def validate_job(cfg: DictConfig) -> None:
     """Raise one ``ConfigError`` listing every problem of ``validate`` and of the components."""
     unknown = unknown_keys(cfg)
@@ -74,6 +101,6 @@ def validate_job(cfg: DictConfig) -> None:
         validate(cfg)
     except ConfigError as err:
         problems = list(err.problems)
-    problems += component_problems(cfg) + registry_problems(cfg)
+    problems += component_problems(cfg) + registry_problems(cfg) + target_problems(cfg)
     if problems:
         raise ConfigError(problems)

@@ -144,6 +144,20 @@ def test_router_advantage_is_one_of_the_registered_names():
         assert problems(f"router.advantage={name}", base="experiment=router_grpo") == []
 
 
+def test_every_target_must_import_and_a_bad_one_is_named_by_its_key():
+    """Components from ``_target_`` (the defaults and a researcher's own): a target that does not
+    import is one problem naming its key, found before the job builds anything."""
+    assert problems(base="experiment=router_grpo") == []
+    found = problems(
+        "algorithm.loss_module._target_=src.algorithms.loss_module.no_such_factory",
+        "rollout.collector._target_=no_such_package.make",
+        "+trainer.strategies.mine._target_=src.jobs.strategies.ddp",  # a researcher's own, importable
+        base="experiment=router_grpo",
+    )
+    assert keys(found) == ["algorithm.loss_module._target_", "rollout.collector._target_"]
+    assert "no_such_factory" in found[0] and "No module named 'no_such_package'" in found[1]
+
+
 def test_budget_range_follows_the_cost():
     assert problems("router.budget=2.5", "router.cost=per_family", base="experiment=router_grpo") == []
     assert problems("router.budget=50", "router.cost=per_call", base="experiment=router_grpo") == []
