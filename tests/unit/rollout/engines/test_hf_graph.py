@@ -27,7 +27,9 @@ def test_the_fixed_shape_step_runs_under_mixed_precision_autocast():
     come out bf16 into an fp32 cache: the fixed-shape write casts them as the sliced step's
     assignment does (``index_copy_`` would refuse the mixed dtypes)."""
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert_fixed_step_agrees(_random_model("qwen2"), lambda fixed: fixed, fixed_reference=False, atol=3e-2)
+        assert_fixed_step_agrees(
+            _random_model("qwen2"), lambda fixed: fixed, fixed_reference=False, atol=3e-2
+        )
 
 
 def test_the_fixed_shape_step_reads_no_slot_after_j():
