@@ -80,6 +80,21 @@ class ValidationAfterCheckpoint(pl.Callback):
         due = _inside_batch_end(trainer) and scheduled_validation(trainer)
         checkpoint[CHECKPOINT_KEY] = logger_step(trainer) if due else None
 
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        # From a checkpoint at trainer.max_steps Lightning's fit loop returns before it starts (no
+        # on_train_start), and every earlier hook comes before the loops are restored: the
+        # validation after the last step runs as the fit loop is entered, where that check is made.
+        if stage != "fit" or self.replay is None:
+            return
+        loop, run = trainer.fit_loop, trainer.fit_loop.run
+
+        def replay_if_done_then_run() -> None:
+            if self.replay is not None and loop.done:
+                self.on_train_start(trainer, pl_module)
+            run()
+
+        loop.run = replay_if_done_then_run
+
     def on_train_start(self, trainer, pl_module) -> None:
         step, self.replay = self.replay, None
         if step is None:

@@ -227,10 +227,19 @@ def _leaves(node: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def already_finished(point: ResumePoint | None, max_steps: int) -> bool:
-    """Whether the checkpoint to resume from already reached ``trainer.max_steps`` (logged when so)."""
-    # A validation after the last step that a kill cut short stays lost: Lightning's fit loop does
-    # not start (no on_train_start) from a checkpoint that reached max_steps.
+    """Whether the checkpoint to resume from already reached ``trainer.max_steps`` with nothing left
+    to do (logged when so). A checkpoint at max_steps whose validation after it was not complete is
+    not finished: the fit runs that validation again (``ValidationAfterCheckpoint.on_fit_start``)."""
     done = point is not None and point.checkpoint is not None and 0 < max_steps <= point.global_step
+    if done and point.validation is not None:
+        log.info(
+            "%s reached step %d (trainer.max_steps=%d); the validation after it was not complete: "
+            "running it again",
+            point.checkpoint,
+            point.global_step,
+            max_steps,
+        )
+        return False
     if done:
         log.warning(
             "%s already reached step %d (trainer.max_steps=%d): the run is finished, nothing to resume; "

@@ -81,10 +81,14 @@ def test_sigkill_after_a_checkpointed_steps_validation(uninterrupted, tmp_path):
     _interrupt_and_resume(uninterrupted, run_dir, 3, "SIGKILL", "batch_end", -signal.SIGKILL)
 
 
-def test_sigkill_during_a_validation_runs_it_again(uninterrupted, tmp_path):
+@pytest.mark.parametrize("step", [2, 4], ids=["mid-run", "after-the-last-step"])
+def test_sigkill_during_a_validation_runs_it_again(uninterrupted, tmp_path, step):
+    """Killed in the validation after step 2, or after step 4 = trainer.max_steps (the resume has no
+    step left to train: it runs that validation and ends)."""
     run_dir = tmp_path / "run"
-    _run(run_dir, *fault_overrides(2, "SIGKILL", "val_batch_start"), expect=-signal.SIGKILL)
-    assert not list((run_dir / "rollouts" / "val").glob("*_00000001.parquet"))  # the validation was lost
+    _run(run_dir, *fault_overrides(step, "SIGKILL", "val_batch_start"), expect=-signal.SIGKILL)
+    lost = f"*_{step - 1:08d}.parquet"  # the validation's logger step
+    assert not list((run_dir / "rollouts" / "val").glob(lost))  # the validation was lost
     _run(run_dir, "resume=true")
     assert_same_outputs(uninterrupted, run_dir)
 
