@@ -164,7 +164,10 @@ def _sft_trainer(cfg: DictConfig, save_to: Path | None) -> tuple[pl.Trainer, Sto
         logger=pl.loggers.TensorBoardLogger(save_dir=str(cfg.run_dir), name="tensorboard_sft", version=""),
         enable_checkpointing=True,  # StopOnSignal is its only checkpoint callback: no periodic saves
         enable_model_summary=False,
-        log_every_n_steps=10,
+        # every step: Lightning also logs a step off its schedule when a signal stops the fit
+        # (should_stop), which a resumed run's TensorBoard would keep as a point the uninterrupted
+        # run never wrote; with every step logged the stop's point is a scheduled one
+        log_every_n_steps=1,
         gradient_clip_val=1.0,
         default_root_dir=str(cfg.run_dir),
         plugins=[AtomicCheckpointIO()],

@@ -11,6 +11,7 @@ import signal
 import pytest
 import torch
 from jobhelpers import CACHE, run_train
+from runoutputs import event_entries
 from safetensors.torch import load_file
 from test_exit_codes import _Job
 
@@ -45,6 +46,9 @@ def test_experiment_sft_resumes_to_the_uninterrupted_weights(tmp_path):
     assert cut.keys() == whole.keys()
     differ = [k for k in cut if not torch.equal(cut[k], whole[k])]
     assert not differ, f"{len(differ)} tensors differ from the uninterrupted run, e.g. {differ[:3]}"
+    # and its TensorBoard: every point once, none the uninterrupted run lacks (the stop's own)
+    whole_points = event_entries(tmp_path / "whole", "tensorboard_sft")
+    assert event_entries(run_dir, "tensorboard_sft") == whole_points and len(whole_points) >= 2 * STEPS
 
 
 @pytest.mark.slow
