@@ -69,11 +69,19 @@ def test_pipeline_clock_spans_each_step_from_rollout_to_the_end_of_its_sync():
 
 
 @pytest.mark.parametrize(
-    "engine,graph,decode", [("hf", False, "lean"), ("hfgraph", True, "lean"), ("hfgen", "auto", "generate")]
+    "engine,graph,decode",
+    [
+        ("hf", False, "lean"),
+        ("hfgraph", True, "lean"),
+        ("hfcompile", True, "lean"),
+        ("hfgen", "auto", "generate"),
+    ],
 )
 def test_our_gpu_command_composes_a_bf16_gpu_job_with_the_engine_it_names(tmp_path, engine, graph, decode):
     """Our side of a CUDA comparison: bf16 weights under bf16 autocast on the GPU, the HF engine
-    eager (``hf``), as CUDA graphs (``hfgraph``) or HF generate (``hfgen``); the overrides compose."""
+    eager (``hf``), as CUDA graphs (``hfgraph``), compiled with its sampler and captured
+    (``hfcompile``, prompt widths bucketed so one compile serves every step) or HF generate
+    (``hfgen``); the overrides compose."""
     from scripts.bench_side_by_side import ours_command, parse_args
     from src.config.job import compose_job
 
@@ -90,6 +98,11 @@ def test_our_gpu_command_composes_a_bf16_gpu_job_with_the_engine_it_names(tmp_pa
     assert cfg.model.path == str(tmp_path / "q05b")
     assert (cfg.rollout.engines.hf.cuda_graph, cfg.rollout.engines.hf.decode) == (graph, decode)
     assert (cfg.sampling.max_new_tokens, cfg.sampling.min_new_tokens) == (256, 256)
+    compiled = engine == "hfcompile"
+    assert (cfg.rollout.engines.hf.lean_compile, cfg.rollout.engines.hf.pad_to_multiple_of > 1) == (
+        compiled,
+        compiled,
+    )
 
 
 def test_rusage_delta_counts_only_the_children_finished_since():
