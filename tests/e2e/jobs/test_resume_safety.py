@@ -13,6 +13,7 @@ import signal
 import subprocess
 from pathlib import Path
 
+import pytest
 import torch
 import yaml
 from faults import fault_overrides
@@ -51,10 +52,19 @@ def _snapshot(run_dir: Path) -> dict[str, str]:
     }
 
 
-def test_resume_never_destroys(tmp_path):
-    original = tmp_path / "original"
-    killed = _run(original, *KILL_AT_3)
+@pytest.fixture(scope="module")
+def killed_at_3(tmp_path_factory) -> Path:
+    """One run killed at step 3 (checkpoint at step 2, logs past it), trained once: each test works
+    on its own copy (the manifest holds paths relative to the run directory)."""
+    run_dir = tmp_path_factory.mktemp("resume_safety") / "killed"
+    killed = _run(run_dir, *KILL_AT_3)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    return run_dir
+
+
+def test_resume_never_destroys(killed_at_3, tmp_path):
+    original = tmp_path / "original"
+    shutil.copytree(killed_at_3, original)
     manifest = yaml.safe_load((original / "checkpoints" / "manifest.yaml").read_text())
     assert manifest["latest_checkpoint"] == "checkpoints/last.ckpt", manifest["latest_checkpoint"]
 
@@ -126,12 +136,11 @@ def _refused_callback_state(state) -> None:
     state["callbacks"]["RouteConfusionLogger"] = {"not": "its state"}
 
 
-def test_checkpoint_that_fails_to_load_in_fit_cuts_nothing(tmp_path):
+def test_checkpoint_that_fails_to_load_in_fit_cuts_nothing(killed_at_3, tmp_path):
     """It passes the start-up read (step counters, callback keys) but Lightning cannot restore it:
     the error names the file, and no TensorBoard event or rollout was cut (nor a new file left)."""
     run_dir = tmp_path / "run"
-    killed = _run(run_dir, *KILL_AT_3)
-    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    shutil.copytree(killed_at_3, run_dir)
     ckpt = run_dir / "checkpoints" / "last.ckpt"
     intact = ckpt.read_bytes()
     # the killed run logged past its checkpoint: an accepted resume would cut TensorBoard back

@@ -7,7 +7,7 @@ DeepSpeed ZeRO-2 and ZeRO-3 run the same experiment as one process.
 - killed by SIGKILL at step 2 and resumed (``latest_checkpoint`` finds the sharded checkpoint
   directories), each strategy ends with the weights of an uninterrupted DDP run (within 1e-5)
   after 3 steps with a real gradient, and with the same rollouts at every step (ZeRO-2: run whole
-  in the default tier, killed and resumed in the slow one);
+  in the default tier, killed and resumed in the slow one; DDP: killed and resumed in the slow tier only);
 - the sharded ones (FSDP2, ZeRO-3) validate after every step with the router head's Polyak average,
   read as plain tensors, through the kill and the resume.
 
@@ -198,9 +198,11 @@ def killed_and_resumed(runs):
 
 # (strategy, killed and resumed?). ZeRO-2 keeps its checkpoints as ZeRO-3 does (DeepSpeed's
 # directories, the same resume path): the default tier runs it once, uninterrupted; its kill and
-# resume (a minute) is in the slow tier, here and bit for bit in the test below.
+# resume (a minute) is in the slow tier, here and bit for bit in the test below. DDP's kill and
+# resume (a minute: its checkpoint is one file, resumed on 2 ranks as FSDP2's and ZeRO-3's are
+# here, and as one process resumes a file in tests/e2e/jobs/test_resume_exact.py) is slow too.
 STRATEGY_RUNS = [
-    pytest.param("ddp", True, id="ddp"),
+    pytest.param("ddp", True, id="ddp", marks=pytest.mark.slow),
     pytest.param("fsdp", True, id="fsdp"),
     pytest.param("deepspeed_stage_2", False, id="deepspeed_stage_2-uninterrupted", marks=_NO_DEEPSPEED),
     pytest.param("deepspeed_stage_2", True, id="deepspeed_stage_2", marks=[_NO_DEEPSPEED, pytest.mark.slow]),
