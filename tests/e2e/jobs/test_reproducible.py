@@ -26,6 +26,10 @@ JOB = [
     "router.lambda_lr=5.0",
     "trainer.max_steps=3",
     "trainer.save_freq=100",
+    # a small synthetic split: the first run builds it and fits the router's SIF on it (2,048
+    # prompts would only lengthen both)
+    "data.synthetic.n_train=256",
+    "data.synthetic.n_test=32",
 ]
 
 
