@@ -229,7 +229,7 @@ def _leaves(node: Any, prefix: str = "") -> dict[str, Any]:
 def already_finished(point: ResumePoint | None, max_steps: int) -> bool:
     """Whether the checkpoint to resume from already reached ``trainer.max_steps`` with nothing left
     to do (logged when so). A checkpoint at max_steps whose validation after it was not complete is
-    not finished: the fit runs that validation again (``ValidationAfterCheckpoint.on_fit_start``)."""
+    not finished: the fit runs that validation again (``ValidationAfterCheckpoint.setup``)."""
     done = point is not None and point.checkpoint is not None and 0 < max_steps <= point.global_step
     if done and point.validation is not None:
         log.info(
