@@ -86,14 +86,15 @@ class ValidationAfterCheckpoint(pl.Callback):
         # validation after the last step runs as the fit loop is entered, where that check is made.
         if stage != "fit" or self.replay is None:
             return
-        loop, run = trainer.fit_loop, trainer.fit_loop.run
+        run = trainer.fit_loop.run
 
         def replay_if_done_then_run() -> None:
-            if self.replay is not None and loop.done:
+            # the loop's own ``done`` would say "max_steps reached" once more in the log
+            if self.replay is not None and 0 < trainer.max_steps <= trainer.global_step:
                 self.on_train_start(trainer, pl_module)
             run()
 
-        loop.run = replay_if_done_then_run
+        trainer.fit_loop.run = replay_if_done_then_run
 
     def on_train_start(self, trainer, pl_module) -> None:
         step, self.replay = self.replay, None
