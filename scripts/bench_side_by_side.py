@@ -135,6 +135,8 @@ def ours_command(args, s: dict, engine: str, run_dir: Path) -> list[str]:
         cmd += ["rollout.engines.hf.decode=generate"]
     else:
         cmd += [f"rollout.engines.hf.decode={args.hf_decode}", "rollout.engines.hf.cuda_graph=false"]
+    if "rollout.engines.hf.decode=generate" in cmd:  # HF generate draws every row from one stream
+        cmd += ["rollout.keyed_draws=false"]
     return cmd
 
 

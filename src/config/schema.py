@@ -277,6 +277,10 @@ class RolloutConfig:
     collector: Dict[str, Any] = field(
         default_factory=lambda: {"_target_": "src.rollout.factory.make_collector"}
     )
+    # single-turn training rows: each row's route and tokens drawn from its own stream, keyed by the
+    # step's seed, the prompt's uid and the copy, so any world size draws what one process draws
+    # (false: one stream per rank and step in batch order, as before; episode / RLVCR collectors)
+    keyed_draws: bool = True
     workers: int = 0  # > 0: that many Ray rollout workers feed the replay buffer asynchronously
     weight_sync_every: int = 1  # steps between weight pushes to the workers
     ray_address: Optional[str] = None  # join a running Ray cluster; None starts a local one

@@ -2,9 +2,8 @@
 
 Types and key names are the schemas' job (``src.config.job``); these add what crosses groups and what
 a type cannot say (ranges, sizes, files, lengths vs the model's positions, finite numbers, lessons).
-Each check returns ``"<key>: <problem>"`` lines; one ``ConfigError`` lists them all. The names a
-component registry defines are checked by ``src.jobs.checks.validate_job`` (config imports none).
-"""
+Each check returns ``"<key>: <problem>"`` lines; one ``ConfigError`` lists them all. Registry
+names: ``src.jobs.checks.validate_job`` (config imports none)."""
 
 from __future__ import annotations
 
@@ -174,6 +173,10 @@ def _rollout(cfg: DictConfig) -> list[str]:
         problems.append(
             'rollout.engine=vllm: vLLM is not installed; install it: make vllm-env (CPU) or pip install -e ".[vllm]" (GPU); see the README'
         )
+    unkeyed = {"hf": ("decode", "generate"), "vllm": ("mode", "server")}.get(r.engine)
+    if r.keyed_draws and unkeyed and r.engines[r.engine].get(unkeyed[0]) == unkeyed[1]:
+        bad = f"rollout.engines.{r.engine}.{unkeyed[0]}={unkeyed[1]}"
+        problems.append(f"rollout.keyed_draws=true: {bad} draws every row from one stream (set it false)")
     return problems
 
 
@@ -358,12 +361,9 @@ CONFINEMENTS = ("auto", "bwrap", "unshare")
 
 def value_problems(cfg: DictConfig) -> list[str]:
     """Every problem found by the value checks below (none needs to know a component)."""
-    return non_finite(cfg) + env_limits(cfg) + synthetic_proportions(cfg) + model_config(cfg) + threads(cfg)
-
-
-def threads(cfg: DictConfig) -> list[str]:
     t = cfg.trainer.get("threads")
-    return [] if t is None else positive({"trainer.threads": t})
+    threads = [] if t is None else positive({"trainer.threads": t})
+    return non_finite(cfg) + env_limits(cfg) + synthetic_proportions(cfg) + model_config(cfg) + threads
 
 
 def _schema_default(node: Any, key: Any) -> Any:

@@ -211,6 +211,7 @@ def build_rollout_pipeline(cfg: DictConfig, tokenizer, path: Path, datamodule=No
         None if cfg.env.enable else eval_sampling_from(cfg, tokenizer),
         seed=int(cfg.seed),
         dynamic=build_dynamic_sampling(cfg, tokenizer, datamodule),
+        keyed_draws=bool(cfg.rollout.keyed_draws),
     )
 
 

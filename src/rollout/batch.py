@@ -143,6 +143,9 @@ class CollectRequest:
     sampling: this call's sampling (evaluation, a curriculum lesson); None = the collector's own.
         Episode collectors sample at their own per-episode temperatures and refuse a sampling.
     generator: seeds the router's sampling (None: unseeded).
+    draw_seed: keyed draws: each row's route and tokens come from streams keyed by (draw_seed, its
+        prompt's uid, its copy) (``engines.types.draw_key``), so a prompt draws the same on any
+        rank and in any batch; None: the batch's one stream (``generator``, torch's default).
     argmax_routes: every row takes the router's most likely route (validation: the router's
         decision, as greedy decoding is the actor's), not a draw.
     averaged_router: route with the head's Polyak average (``router.ema_decay``; validation), not
@@ -154,6 +157,7 @@ class CollectRequest:
     lam: float = 0.0
     sampling: SamplingParams | None = None
     generator: torch.Generator | None = None
+    draw_seed: int | None = None
     argmax_routes: bool = False
     averaged_router: bool = False
 

@@ -117,7 +117,10 @@ class RolloutPipeline:
 
     ``collector_factory(module)`` builds the collector once the module is on its device (None when
     Ray workers produce every rollout and nothing is collected here). ``dynamic``: dynamic
-    sampling's settings and refill draw (None: off).
+    sampling's settings and refill draw (None: off). ``keyed_draws`` (``rollout.keyed_draws``): the
+    training rollouts' and refills' routes and tokens are drawn per row from streams keyed by the
+    step's seed, the prompt's uid and the copy, so any world size draws what one process draws
+    (``CollectRequest.draw_seed``); false: one stream per rank and step, in batch order.
     """
 
     def __init__(
@@ -128,11 +131,12 @@ class RolloutPipeline:
         eval_sampling: SamplingParams | None,
         seed: int = 0,
         dynamic: DynamicSampling | None = None,
+        keyed_draws: bool = False,
     ):
         self.collector_factory = collector_factory
         self.source, self.buffer = source, buffer
         self.eval_sampling, self.seed = eval_sampling, seed
-        self.dynamic = dynamic
+        self.dynamic, self.keyed_draws = dynamic, keyed_draws
         self.collector: Collector | None = None
 
     def start(self, module, step: int) -> None:
@@ -156,7 +160,12 @@ class RolloutPipeline:
         prompts = self.source.prompts(records, step, self._collector_fn(step, lam))
         torch.manual_seed(seed)  # sampling inside generate (after any curriculum evaluation)
         request = CollectRequest(
-            prompts.records, step, lam, prompts.sampling, torch.Generator().manual_seed(seed)
+            prompts.records,
+            step,
+            lam,
+            prompts.sampling,
+            torch.Generator().manual_seed(seed),
+            draw_seed=seed if self.keyed_draws else None,
         )
         fresh = self._collect(request) if self.buffer.collects_locally else None
         scalars = dict(prompts.scalars)
@@ -192,7 +201,14 @@ class RolloutPipeline:
             seed = refill_seed(self.seed, step, k)
             torch.manual_seed(seed)
             return self._collect(
-                CollectRequest(records, step, lam, sampling, torch.Generator().manual_seed(seed))
+                CollectRequest(
+                    records,
+                    step,
+                    lam,
+                    sampling,
+                    torch.Generator().manual_seed(seed),
+                    draw_seed=seed if self.keyed_draws else None,
+                )
             )
 
         return collect

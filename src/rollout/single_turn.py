@@ -25,7 +25,7 @@ from src.config.schema import RouterConfig
 from src.rewards.dispatch import check_finite_rewards, score
 from src.rewards.rlla import RewardBreakdown, RewardConfig
 from src.rollout.batch import CollectRequest, RolloutBatch, RouterRollout, assemble_sequences
-from src.rollout.engines.types import Completions, RolloutEngine, left_pad
+from src.rollout.engines.types import Completions, RolloutEngine, draw_key, keyed_uniforms, left_pad
 from src.router.families import ToolFamilies
 from src.router.head import RouterHead
 from src.router.routes import (
@@ -77,11 +77,32 @@ def router_logits(
 
 
 def decide_routes(
-    logits: torch.Tensor, copies: int, sample: bool, generator: torch.Generator | None = None
+    logits: torch.Tensor,
+    copies: int,
+    sample: bool,
+    generator: torch.Generator | None = None,
+    uniforms: torch.Tensor | None = None,
 ) -> RouteDecision:
-    """One route per copy: ``copies`` rows per prompt, sampled (or argmax) from logits [P, 3]."""
-    out = RouterHead.act(logits.repeat_interleave(copies, dim=0), sample=sample, generator=generator)
+    """One route per copy: ``copies`` rows per prompt, sampled (or argmax) from logits [P, 3];
+    ``uniforms`` [P·copies]: each row's draw (keyed streams) instead of ``generator``'s."""
+    out = RouterHead.act(logits.repeat_interleave(copies, dim=0), sample, generator, uniforms)
     return RouteDecision(logits, out.router_action, out.router_log_prob)
+
+
+def keyed_generate(engine: RolloutEngine, prompts, sampling: SamplingParams, keys: list[int] | None):
+    """``engine.generate``, with ``row_keys`` only when drawing keyed (an engine that never draws keyed
+    may keep the two-argument ``generate``)."""
+    if keys is None:
+        return engine.generate(prompts, sampling)
+    return engine.generate(prompts, sampling, row_keys=keys)
+
+
+def row_keys(records: Sequence[dict], copies: int, seed: int | None, stream: str) -> list[int] | None:
+    """The keys of the P·copies rows' ``stream`` (prompt-major; ``engines.types.draw_key`` of the
+    step's seed, the prompt's uid and the copy); None without a seed (the batch's one stream)."""
+    if seed is None:
+        return None
+    return [draw_key(seed, r["uid"], j, stream) for r in records for j in range(copies)]
 
 
 def forced_routes(logits: torch.Tensor | None, routes: Sequence[Route | int | str]) -> RouteDecision:
@@ -270,8 +291,11 @@ class SingleTurnCollector:
         sampling = request.sampling or self.sampling
         contexts = [record_context(r, self.families, with_label=self.router.enable) for r in records]
         sample_routes = self.router.sample and not request.argmax_routes
-        decision = self.route(records, sampling.n, generator, sample_routes, request.averaged_router)
-        generation = self.generate(records, contexts, decision, sampling)
+        keys = partial(row_keys, records, sampling.n, request.draw_seed)
+        decision = self.route(
+            records, sampling.n, generator, sample_routes, request.averaged_router, keys("route")
+        )
+        generation = self.generate(records, contexts, decision, sampling, keys("tokens"))
         t0 = time.perf_counter()
         row_contexts = [ctx for ctx in contexts for _ in range(sampling.n)]
         truths = [r["ground_truth"] for r in records for _ in range(sampling.n)]
@@ -290,14 +314,17 @@ class SingleTurnCollector:
         generator: torch.Generator | None,
         sample: bool,
         averaged: bool = False,
+        keys: list[int] | None = None,
     ) -> RouteDecision | None:
         """The router's decision for each of the P·copies rows; None when the router is off.
-        ``averaged``: the head's Polyak average decides (validation), else the live head."""
+        ``averaged``: the head's Polyak average decides (validation), else the live head. ``keys``:
+        each row's route drawn from its own keyed stream (``row_keys``), not from ``generator``."""
         if not self.router.enable:
             return None
         logits_fn = partial(self.router_logits_fn, averaged=True) if averaged else self.router_logits_fn
         logits = router_logits(logits_fn, [r["prompt_ids"] for r in records], self.tokenizer.pad_token_id)
-        return decide_routes(logits, copies, sample, generator)
+        uniforms = None if keys is None else keyed_uniforms(keys, 1)[:, 0]
+        return decide_routes(logits, copies, sample, generator, uniforms)
 
     def generate(
         self,
@@ -305,19 +332,23 @@ class SingleTurnCollector:
         contexts: list[PromptContext],
         decision: RouteDecision | None,
         sampling: SamplingParams,
+        keys: list[int] | None = None,
     ) -> Generation:
-        """Routed rows generate one completion each; without a router the engine samples G per prompt."""
+        """Routed rows generate one completion each; without a router the engine samples G per prompt.
+        ``keys``: each row's tokens drawn from its own keyed stream (``row_keys``)."""
         t0 = time.perf_counter()
         g = sampling.n
         if decision is None:
             prompts = [r["prompt_ids"] for r in records for _ in range(g)]
-            completions = self.engine.generate([r["prompt_ids"] for r in records], sampling)
+            completions = keyed_generate(self.engine, [r["prompt_ids"] for r in records], sampling, keys)
         else:
             row_contexts = [ctx for ctx in contexts for _ in range(g)]
             _, prompts = routed_prompts(
                 self.encode, row_contexts, decision.action.tolist(), self.families, self.router.prompt_mode
             )
-            completions = self.engine.generate(prompts, replace(sampling, n_generations_per_prompt=1))
+            completions = keyed_generate(
+                self.engine, prompts, replace(sampling, n_generations_per_prompt=1), keys
+            )
         return Generation(prompts, completions, time.perf_counter() - t0)
 
     def assemble(

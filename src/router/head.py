@@ -178,11 +178,20 @@ class RouterHead(nn.Module):
 
     @staticmethod
     def act(
-        logits: torch.Tensor, sample: bool = True, generator: torch.Generator | None = None
+        logits: torch.Tensor,
+        sample: bool = True,
+        generator: torch.Generator | None = None,
+        uniforms: torch.Tensor | None = None,
     ) -> RouterOutput:
-        """Sample (or argmax) an action per row from logits [B, 3]."""
+        """Sample (or argmax) an action per row from logits [B, 3]. ``uniforms`` [B] in [0, 1): draw
+        row b's action by inverse CDF at ``uniforms[b]`` (each row's own keyed stream) instead of
+        ``multinomial`` on ``generator``."""
         log_probs = torch.log_softmax(logits.float(), dim=-1)
-        if sample:
+        if sample and uniforms is not None:
+            cdf = log_probs.exp().cumsum(-1)
+            action = torch.searchsorted(cdf, uniforms[:, None] * cdf[:, -1:], right=True)
+            action = action.squeeze(-1).clamp_(max=logits.shape[-1] - 1)
+        elif sample:
             action = torch.multinomial(log_probs.exp(), 1, generator=generator).squeeze(-1)
         else:
             action = log_probs.argmax(-1)

@@ -15,6 +15,7 @@ wait on each other forever: ``generate`` must keep every rank stepping until all
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -29,7 +30,7 @@ from src.rollout.engines.hf_decode import (
     warped_log_probs,
 )
 from src.rollout.engines.hf_lean import log_fallback_once, unsupported_reason
-from src.rollout.engines.types import Completions, left_pad, mask_after_stop
+from src.rollout.engines.types import Completions, keyed_uniforms, left_pad, mask_after_stop
 
 log = logging.getLogger(__name__)
 
@@ -147,15 +148,32 @@ class HFGenerateEngine:
         """Nothing to restore."""
 
     @torch.no_grad()
-    def generate(self, prompt_ids: list[list[int]], sampling: SamplingParams) -> Completions:
+    def generate(
+        self, prompt_ids: list[list[int]], sampling: SamplingParams, row_keys: Sequence[int] | None = None
+    ) -> Completions:
+        """``RolloutEngine.generate``; ``row_keys`` (keyed draws) needs decode=lean or loop: HF
+        ``generate`` samples every row from torch's one default generator."""
         device = next(self.model.parameters()).device
         stop = sorted(set(self.eos_token_ids) | set(sampling.stop_token_ids))
+        n, step = sampling.n, self.settings.micro_batch_size
+        if row_keys is not None and len(row_keys) != len(prompt_ids) * n:
+            raise ValueError(f"row_keys: {len(row_keys)} keys for {len(prompt_ids)} prompts x {n} samples")
+        if row_keys is not None and self.settings.decode == "generate":
+            raise ValueError(
+                "rollout.engines.hf.decode=generate cannot draw from keyed streams; "
+                "use decode=lean or loop, or rollout.keyed_draws=false"
+            )
         was_training = self.model.training
         self.model.eval()
-        step = self.settings.micro_batch_size
         try:
             chunks = [
-                self._generate_chunk(prompt_ids[i : i + step], sampling, stop, device)
+                self._generate_chunk(
+                    prompt_ids[i : i + step],
+                    sampling,
+                    stop,
+                    device,
+                    None if row_keys is None else row_keys[i * n : (i + step) * n],
+                )
                 for i in range(0, len(prompt_ids), step)
             ]
         finally:
@@ -201,11 +219,11 @@ class HFGenerateEngine:
             "top_p": sampling.top_p,
         }
 
-    def _generate_chunk(self, prompts, sampling: SamplingParams, stop, device):
+    def _generate_chunk(self, prompts, sampling: SamplingParams, stop, device, row_keys=None):
         s = self.settings
         ids, attn = left_pad(prompts, self.pad_token_id, device, multiple_of=s.pad_to_multiple_of)
         if s.decode in ("lean", "loop"):
-            return self._loop_chunk(ids, attn, sampling, stop)
+            return self._loop_chunk(ids, attn, sampling, stop, row_keys)
         greedy = sampling.temperature <= 0
         recorder = (
             SampledLogProbs(sampling.temperature, sampling.top_p)
@@ -235,12 +253,15 @@ class HFGenerateEngine:
             return resp, recorder.log_probs(resp, mask), mask
         return resp, self._forward_log_probs(seqs, attn.repeat_interleave(n, 0), resp, mask, sampling), mask
 
-    def _loop_chunk(self, ids, attn, sampling: SamplingParams, stop):
+    def _loop_chunk(self, ids, attn, sampling: SamplingParams, stop, row_keys=None):
         greedy = sampling.temperature <= 0
         # greedy copies are identical: decode each prompt once and repeat it
         n = 1 if greedy else sampling.n
         synced = sharding_of(self.model) is not None
-        step = DecodeStep(sampling, stop, self.pad_token_id, synced, device=ids.device)
+        uniforms = None
+        if row_keys is not None and not greedy:
+            uniforms = keyed_uniforms(row_keys, sampling.max_new_tokens, ids.device)
+        step = DecodeStep(sampling, stop, self.pad_token_id, synced, device=ids.device, uniforms=uniforms)
         mode = LeanMode(self._graphed(ids), self.settings.lean_compile) if self._lean(synced) else None
         resp, logp = decode(self.model, ids, attn, n, step, lean=mode)
         if greedy:

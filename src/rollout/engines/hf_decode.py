@@ -12,7 +12,9 @@ step. This loop keeps the model's forward and replaces the rest:
 - the sampling distribution (temperature, top-p, stop tokens suppressed before ``min_new_tokens``)
   is built once per step on the whole [N, V] batch, its log-prob of the drawn token kept as drawn;
 - drawing is by inverse CDF (one uniform per row against the cumulative probabilities): the same
-  distribution as ``multinomial``, far less work than it on CPU;
+  distribution as ``multinomial``, far less work than it on CPU; the uniforms come from each row's
+  own keyed stream when the caller gives them (``DecodeStep.uniforms``: a prompt then draws the
+  same tokens in any batch, on any rank), else from torch's default generator;
 - the only host sync is the "all rows stopped?" check, every ``stop_check_every`` steps.
 
 Nothing per step scales with the group size in Python; rows that stopped keep decoding padding
@@ -22,8 +24,8 @@ The sampling distribution's log-probs (temperature, then nucleus top-p; ``warped
 ``sampling_log_probs``) are pure tensor math, shared by every HF decoder. ``sample_at`` is
 ``DecodeStep.sample`` in fixed shapes with its uniforms given (the same ops, so the same tokens and
 log-probs bit for bit): with ``LeanMode.compile`` it runs inside the compiled lean step
-(``SampledStep``), its uniforms still drawn by ``torch.rand`` outside, one call per sampled step
-as ``draw`` makes them, so one seed draws the same tokens.
+(``SampledStep``), its uniforms still drawn outside (``DecodeStep.uniform``), one call per sampled
+step, so one seed draws the same tokens.
 """
 
 from __future__ import annotations
@@ -94,13 +96,8 @@ def draw(log_probs: torch.Tensor, generator: torch.Generator | None = None) -> t
     Inverse CDF: the first token whose cumulative probability exceeds u * total (u uniform in
     [0, 1)); tokens of probability 0 are never drawn (their cumulative value equals the one before).
     """
-    return _inverse_cdf(log_probs, generator)[0]
-
-
-def _inverse_cdf(log_weights: torch.Tensor, generator: torch.Generator | None = None):
-    """``draw`` from unnormalised log-weights [N, V] -> (tokens [N], the weights' totals [N, 1])."""
-    u = torch.rand((log_weights.shape[0], 1), device=log_weights.device, generator=generator)
-    return inverse_cdf_at(log_weights, u)
+    u = torch.rand((log_probs.shape[0], 1), device=log_probs.device, generator=generator)
+    return inverse_cdf_at(log_probs, u)[0]
 
 
 def inverse_cdf_at(log_weights: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -163,10 +160,26 @@ class DecodeStep:
     waiting in their next forward).
     """
 
-    def __init__(self, sampling: SamplingParams, stop: list[int], pad_id: int, synced: bool, device=None):
+    def __init__(
+        self,
+        sampling: SamplingParams,
+        stop: list[int],
+        pad_id: int,
+        synced: bool,
+        device=None,
+        uniforms: torch.Tensor | None = None,
+    ):
         self.sampling, self.pad_id, self.synced = sampling, pad_id, synced
         self.stop = torch.tensor(stop, dtype=torch.long, device=device)
         self.greedy = sampling.temperature <= 0
+        self.uniforms = uniforms
+
+    def uniform(self, t: int, rows: int, device) -> torch.Tensor:
+        """[rows, 1] uniforms of step t's draw: column t of the rows' keyed streams (``uniforms``
+        [rows, max_new_tokens], ``types.keyed_uniforms``), else ``torch.rand`` on the default generator."""
+        if self.uniforms is not None:
+            return self.uniforms[:, t : t + 1]
+        return torch.rand((rows, 1), device=device)
 
     def log_probs(self, logits: torch.Tensor, t: int) -> torch.Tensor:
         logits = logits.float()
@@ -176,8 +189,10 @@ class DecodeStep:
             return logits
         return warped_log_probs(logits, self.sampling.temperature, self.sampling.top_p)
 
-    def pick(self, logp: torch.Tensor) -> torch.Tensor:
-        return logp.argmax(-1) if self.greedy else draw(logp)
+    def pick(self, logp: torch.Tensor, t: int) -> torch.Tensor:
+        if self.greedy:
+            return logp.argmax(-1)
+        return inverse_cdf_at(logp, self.uniform(t, logp.shape[0], logp.device))[0]
 
     def sample(self, logits: torch.Tensor, t: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(token [N], its log-prob under the sampling distribution [N]; None when greedy) of step t.
@@ -189,7 +204,7 @@ class DecodeStep:
         """
         if self.greedy or self.sampling.top_p < 1.0:
             logp = self.log_probs(logits, t)
-            tok = self.pick(logp)
+            tok = self.pick(logp, t)
             return tok, (None if self.greedy else logp.gather(-1, tok[:, None]).squeeze(-1))
         x = logits.float()
         if self.sampling.temperature != 1.0:
@@ -197,7 +212,7 @@ class DecodeStep:
         if t < self.sampling.min_new_tokens and self.stop.numel():
             x.index_fill_(-1, self.stop, float("-inf"))
         top = x.amax(-1, keepdim=True)
-        tok, total = _inverse_cdf(x - top)
+        tok, total = inverse_cdf_at(x - top, self.uniform(t, x.shape[0], x.device))
         return tok, (x.gather(-1, tok[:, None]) - top - total.log()).squeeze(-1)
 
     def all_stopped(self, done: torch.Tensor) -> bool:
@@ -328,8 +343,8 @@ def fused_sampler(model, ids: torch.Tensor, attn: torch.Tensor, n: int, step: De
     :func:`_loop` (``LeanMode.compile``):
     step 0 by ``step.sample`` on the prefill's logits, then each step by the compiled
     ``SampledStep`` (``cuda_graph``: replayed as one CUDA graph). Each step's uniforms are drawn as
-    ``draw`` draws them (``torch.rand`` [rows, 1], the default generator, one call per sampled step,
-    none when greedy), so one seed gives the eager loop's tokens."""
+    ``DecodeStep.uniform`` gives them (keyed streams, or ``torch.rand`` [rows, 1] on the default
+    generator, one call per sampled step, none when greedy), so one seed gives the eager loop's tokens."""
     from src.rollout.engines.hf_lean import GraphedStep, compiled
 
     logits, fixed = _lean_prefill(model, ids, attn, n, step.sampling.max_new_tokens, fixed_shape=True)
@@ -345,7 +360,7 @@ def fused_sampler(model, ids: torch.Tensor, attn: torch.Tensor, n: int, step: De
     def sample(tokens: torch.Tensor | None, t: int):
         if t == 0:
             return step.sample(first.pop(), 0)
-        u = no_draw if step.greedy else torch.rand((rows, 1), device=device)
+        u = no_draw if step.greedy else step.uniform(t, rows, device)
         return fused(tokens, t - 1, u)
 
     return logits, sample

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -52,7 +54,13 @@ class RolloutEngine(Protocol):
 
     needs_weight_sync: bool
 
-    def generate(self, prompt_ids: list[list[int]], sampling: SamplingParams) -> Completions: ...
+    def generate(
+        self, prompt_ids: list[list[int]], sampling: SamplingParams, row_keys: Sequence[int] | None = None
+    ) -> Completions:
+        """``row_keys``: one key per row (prompt-major, ``len(prompt_ids) * sampling.n``); row r's
+        tokens are drawn from a stream seeded by ``row_keys[r]`` alone (:func:`keyed_uniforms`), so a
+        prompt draws the same tokens whatever batch, micro-batch or rank it is in. None: the batch
+        draws from torch's default generator."""
 
     def update_weights(self, state_dict: dict[str, torch.Tensor] | None = None) -> None:
         """Make the engine sample from the trainer's current weights (after an optimizer step)."""
@@ -62,6 +70,25 @@ class RolloutEngine(Protocol):
 
     def wake(self) -> None:
         """Take back what ``sleep`` released."""
+
+
+def draw_key(seed: int, uid, copy: int, stream: str) -> int:
+    """The key of one row's random stream: its step's sampling seed, its prompt's ``uid``, its copy
+    in the group and what it draws (``"route"``, ``"tokens"``); a 63-bit int for
+    ``torch.Generator.manual_seed``. A hash, not arithmetic: uids are strings or ints."""
+    text = f"{int(seed)}\x1f{uid}\x1f{int(copy)}\x1f{stream}".encode()
+    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little") >> 1
+
+
+def keyed_uniforms(keys: Sequence[int], count: int, device=None) -> torch.Tensor:
+    """[len(keys), count] uniforms in [0, 1): row r is the first ``count`` draws of a CPU
+    ``torch.Generator`` seeded by ``keys[r]`` (the same numbers on any device and in any batch)."""
+    out = torch.empty((len(keys), count), dtype=torch.float32)
+    generator = torch.Generator()
+    for r, key in enumerate(keys):
+        generator.manual_seed(int(key))
+        out[r] = torch.rand(count, generator=generator)
+    return out.to(device)
 
 
 def left_pad(

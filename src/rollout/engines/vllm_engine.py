@@ -43,6 +43,7 @@ import logging
 import math
 import os
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -198,14 +199,26 @@ class VLLMEngine:
             self.llm.wake_up(tags=missing)
         self._awake.update(missing)
 
-    def generate(self, prompt_ids: list[list[int]], sampling: SamplingParams) -> Completions:
+    def generate(
+        self, prompt_ids: list[list[int]], sampling: SamplingParams, row_keys: Sequence[int] | None = None
+    ) -> Completions:
+        """``row_keys``: each row becomes its own request (n=1) with vLLM's per-request seed
+        ``row_keys[r]`` (its own generator: the row draws the same tokens in any batch; prefix caching
+        keeps a prompt's shared prefill). Prompt-major rows, as without keys."""
+        params = self._vllm.SamplingParams(**sampling_kwargs(sampling))
+        requests = [{"prompt_token_ids": p} for p in prompt_ids]
+        if row_keys is not None:
+            n = sampling.n
+            if len(row_keys) != len(prompt_ids) * n:
+                raise ValueError(
+                    f"row_keys: {len(row_keys)} keys for {len(prompt_ids)} prompts x {n} samples"
+                )
+            kw = {**sampling_kwargs(sampling), "n": 1}
+            params = [self._vllm.SamplingParams(**kw, seed=int(k) % 2**31) for k in row_keys]
+            requests = [r for r in requests for _ in range(n)]
         self.wake()
         try:
-            outputs = self.llm.generate(
-                [{"prompt_token_ids": p} for p in prompt_ids],
-                self._vllm.SamplingParams(**sampling_kwargs(sampling)),
-                use_tqdm=False,
-            )
+            outputs = self.llm.generate(requests, params, use_tqdm=False)
         finally:
             self.sleep()
         return completions_from_outputs(outputs, self.pad_token_id)
@@ -245,7 +258,15 @@ class VLLMServerEngine:
             raise RuntimeError(f"vLLM server {self.url}{path} failed: {err}") from err
         return json.loads(raw) if raw.strip() else {}
 
-    def generate(self, prompt_ids: list[list[int]], sampling: SamplingParams) -> Completions:
+    def generate(
+        self, prompt_ids: list[list[int]], sampling: SamplingParams, row_keys: Sequence[int] | None = None
+    ) -> Completions:
+        """One completions request; ``row_keys`` are refused (the request has one seed for all its
+        rows; ``validate`` names rollout.keyed_draws at start-up)."""
+        if row_keys is not None:
+            raise ValueError(
+                "rollout.engines.vllm.mode=server cannot draw from keyed streams; set rollout.keyed_draws=false"
+            )
         kw = sampling_kwargs(sampling)
         body = {
             "model": self.model_name,

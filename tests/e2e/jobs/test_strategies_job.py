@@ -1,8 +1,9 @@
 """The router job under each multi-process strategy on CPU (2 real processes, gloo): DDP, FSDP2,
 DeepSpeed ZeRO-2 and ZeRO-3 run the same experiment as one process.
 
-- step 1's prompts and its all-rank reward equal the one-process run's (the seeded sampler shards
-  one global order; the logged scalars are reduced over the ranks);
+- step 1's prompts, routes, tokens and all-rank reward equal the one-process run's (the seeded
+  sampler shards one global order; every row draws from its own stream, keyed by the step, its
+  prompt and its copy; the logged scalars are reduced over the ranks);
 - λ follows the controller on the mean cost of both ranks' rollouts together;
 - killed by SIGKILL at step 2 and resumed (``latest_checkpoint`` finds the sharded checkpoint
   directories), each strategy ends with the weights of an uninterrupted DDP run (within 1e-5)
@@ -131,6 +132,11 @@ def test_ddp_sees_the_prompts_and_logs_the_reward_of_one_process(one_process, un
     one, ddp = _rollouts(one_process), _rollouts(uninterrupted_ddp)
     for step in range(3):
         assert set(one[one.step == step].uid) == set(ddp[ddp.step == step].uid)
+    # draws keyed to the prompt and step, not to the rank (rollout.keyed_draws): step 1's routes,
+    # tokens, rewards and costs are one process's (router_prob: the same head on other padding)
+    first = [frame[frame.step == 0].reset_index(drop=True) for frame in (ddp, one)]
+    pd.testing.assert_frame_equal(*first, check_exact=False, atol=1e-6, rtol=0)
+    assert first[0].route.nunique() > 1 and first[0].response.nunique() > 1  # real draws compared
     ranks = pd.concat(pd.read_parquet(p) for p in (uninterrupted_ddp / "rollouts").glob("*.parquet"))["rank"]
     assert set(ranks) == {0, 1}  # the log holds every rank's rows, once
     assert len(ranks) == 3 * 4 * 4  # steps x prompts x copies

@@ -12,6 +12,7 @@ from enginechecks import assert_push_moves_greedy_like_hf, greedy
 
 from src.config.sampling import SamplingParams
 from src.rollout.engines.hf_decode import sampling_log_probs
+from src.rollout.engines.types import draw_key
 from src.rollout.factory import build_hf_engine, build_vllm_engine
 
 pytest.importorskip("vllm", reason="vLLM not importable: run in the vLLM venv (make test-vllm)")
@@ -58,6 +59,22 @@ def test_sampling_log_probs_equal_the_trainers(setup, temperature):
     mask = out.response_mask.bool()
     assert (out.log_probs[mask] < 0).all()  # real log-probs, not the 0 of a missing value
     assert torch.allclose(out.log_probs[mask], want[mask], atol=1e-5), (out.log_probs - want).abs().max()
+
+
+def test_keyed_draws_give_a_row_its_tokens_in_any_batch(setup):
+    """Row keys (rollout.keyed_draws): each row is its own request with its own seed, so a prompt's
+    rows are drawn alike alone and beside the others (another rank's shard), and still scored as the
+    trainer scores them."""
+    model, _, engine, prompts = setup
+    sampling = SamplingParams(n_generations_per_prompt=2, temperature=1.0, max_new_tokens=16)
+    keys = [draw_key(5, uid, copy, "tokens") for uid in range(len(prompts)) for copy in range(2)]
+    whole = engine.generate(prompts, sampling, keys)
+    alone = engine.generate(prompts[2:3], sampling, keys[4:6])
+    assert alone.token_lists() == whole.token_lists()[4:6]
+    assert len(set(map(tuple, whole.token_lists()))) > 1
+    assert engine.generate(prompts, sampling, [k + 1 for k in keys]).token_lists() != whole.token_lists()
+    want, mask = _trainer_log_probs(model, prompts, whole, 1.0), whole.response_mask.bool()
+    assert torch.allclose(whole.log_probs[mask], want[mask], atol=1e-5)
 
 
 def test_greedy_equals_hf_before_and_after_a_push(setup):

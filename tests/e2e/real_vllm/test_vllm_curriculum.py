@@ -41,8 +41,8 @@ class WatchedEngine:
         self.pushes += 1
         self.engine.update_weights(state_dict)
 
-    def generate(self, prompt_ids, sampling):
-        out = self.engine.generate(prompt_ids, sampling)
+    def generate(self, prompt_ids, sampling, row_keys=None):
+        out = self.engine.generate(prompt_ids, sampling, row_keys)
         if sampling.temperature == 0.0:  # a lesson's evaluation
             from src.rollout.factory import build_hf_engine
 

@@ -97,6 +97,7 @@ def test_our_gpu_command_composes_a_bf16_gpu_job_with_the_engine_it_names(tmp_pa
     )
     assert cfg.model.path == str(tmp_path / "q05b")
     assert (cfg.rollout.engines.hf.cuda_graph, cfg.rollout.engines.hf.decode) == (graph, decode)
+    assert cfg.rollout.keyed_draws == (decode != "generate")  # HF generate has one stream (validate)
     assert (cfg.sampling.max_new_tokens, cfg.sampling.min_new_tokens) == (256, 256)
     compiled = engine == "hfcompile"
     assert (cfg.rollout.engines.hf.lean_compile, cfg.rollout.engines.hf.pad_to_multiple_of > 1) == (

@@ -23,6 +23,7 @@ CASES = [
     ("trainer.max_steps=0", "trainer.max_steps"),
     ("router.lambda_init=inf", "router.lambda_init"),
     ("rollout.engines.vllm.max_model_len=4096", "rollout.engines.vllm.max_model_len=4096 exceeds the model's 2048"),
+    ("rollout.engines.hf.decode=generate", "rollout.keyed_draws=true: rollout.engines.hf.decode=generate draws"),
 ]
 
 
@@ -44,3 +45,12 @@ def test_bad_override_is_named_before_anything_is_built(tmp_path, override, name
     found = error_of(["experiment=router_grpo", f"run_dir={tmp_path / 'run'}", "trainer.max_steps=1", override])
     assert named in found, found
     assert not (tmp_path / "run").exists()
+
+
+def test_keyed_draws_with_an_engine_that_draws_from_one_stream_are_named(tmp_path):
+    """vLLM's server mode sends one seed per request: keyed draws are refused there, and allowed once
+    switched off (the HF ``generate`` decoder likewise, in CASES)."""
+    base = ["experiment=router_grpo", f"run_dir={tmp_path / 'run'}", "rollout=vllm", "rollout.engines.vllm.mode=server"]
+    assert "rollout.keyed_draws=true: rollout.engines.vllm.mode=server draws" in error_of(base)
+    assert "rollout.keyed_draws" not in error_of([*base, "rollout.keyed_draws=false"])
+    assert "rollout.keyed_draws" not in error_of(["experiment=router_grpo", "rollout.engines.hf.decode=loop"])

@@ -70,7 +70,7 @@ class _FixedEngine:
     def __init__(self, tok):
         self.tok = tok
 
-    def generate(self, prompt_ids, sampling):
+    def generate(self, prompt_ids, sampling, row_keys=None):
         from src.rollout.engines.types import Completions
 
         reply = self.tok.encode("<think>x</think>\n<response>ok</response>", add_special_tokens=False)

@@ -4,7 +4,14 @@ import torch
 from src.config.sampling import SamplingParams
 from src.rollout.engines.hf import HFEngineSettings, HFGenerateEngine
 from src.rollout.engines.hf_decode import sampling_log_probs, warped_log_probs
-from src.rollout.engines.types import RolloutEngine, eos_token_ids, left_pad, mask_after_stop
+from src.rollout.engines.types import (
+    RolloutEngine,
+    draw_key,
+    eos_token_ids,
+    keyed_uniforms,
+    left_pad,
+    mask_after_stop,
+)
 
 
 def test_mask_after_stop_includes_first_stop_only():
@@ -180,3 +187,57 @@ def test_greedy_is_deterministic(tiny):
     a = engine.generate(p, SamplingParams(n_generations_per_prompt=1, temperature=0.0, max_new_tokens=6))
     b = engine.generate(p, SamplingParams(n_generations_per_prompt=1, temperature=0.0, max_new_tokens=6))
     assert torch.equal(a.response_ids, b.response_ids)
+
+
+def test_keyed_uniforms_are_each_rows_own_stream():
+    keys = [draw_key(3, uid, copy, "tokens") for uid in ("a", 7) for copy in range(2)]
+    assert len(set(keys)) == 4 and all(0 <= k < 2**63 for k in keys)
+    assert draw_key(3, "a", 0, "tokens") != draw_key(3, "a", 0, "route") != draw_key(4, "a", 0, "route")
+    u = keyed_uniforms(keys, 5)
+    assert u.shape == (4, 5) and bool(((u >= 0) & (u < 1)).all())
+    # a row's numbers depend on its key alone: not on the rows beside it, nor on torch's default seed
+    torch.manual_seed(123)
+    torch.testing.assert_close(keyed_uniforms(keys[2:3], 5), u[2:3], rtol=0, atol=0)
+    assert not torch.equal(u[0], u[1])
+
+
+@pytest.mark.parametrize("decode", ["lean", "loop"])
+def test_keyed_draws_give_a_row_its_tokens_in_any_batch(tiny, decode):
+    """With row keys a prompt's rows draw the same tokens alone, beside other prompts (other padding)
+    or one prompt per micro-batch; the unkeyed batch stream would hand them other uniforms. Other
+    keys draw other tokens."""
+    model, tok = tiny
+    prompts = _prompts(tok) + [
+        tok("a third prompt, longer than the other two", add_special_tokens=False)["input_ids"]
+    ]
+    sampling = SamplingParams(n_generations_per_prompt=2, temperature=1.0, max_new_tokens=8)
+    keys = [draw_key(7, uid, j, "tokens") for uid in range(3) for j in range(2)]
+    eos = [tok.eos_token_id]
+    engine = HFGenerateEngine(model, tok.pad_token_id, eos, settings=HFEngineSettings(decode=decode))
+    one_each = HFEngineSettings(decode=decode, micro_batch_size=1)
+    whole = engine.generate(prompts, sampling, keys)
+    torch.manual_seed(0)
+    alone = engine.generate(prompts[1:2], sampling, keys[2:4])
+    micro = HFGenerateEngine(model, tok.pad_token_id, eos, settings=one_each).generate(
+        prompts, sampling, keys
+    )
+    assert alone.token_lists() == whole.token_lists()[2:4]
+    assert micro.token_lists() == whole.token_lists()
+    torch.testing.assert_close(
+        alone.log_probs, whole.log_probs[2:4, : alone.log_probs.shape[1]], atol=1e-5, rtol=0
+    )
+    assert engine.generate(prompts, sampling, [k + 1 for k in keys]).token_lists() != whole.token_lists()
+    torch.manual_seed(0)
+    unkeyed = engine.generate(prompts[1:2], sampling)
+    assert unkeyed.token_lists() != alone.token_lists()  # the batch stream: other uniforms
+    with pytest.raises(ValueError, match="row_keys: 5 keys for 3 prompts x 2 samples"):
+        engine.generate(prompts, sampling, keys[:5])
+
+
+def test_decode_generate_refuses_keyed_draws(tiny):
+    model, tok = tiny
+    engine = HFGenerateEngine(
+        model, tok.pad_token_id, [tok.eos_token_id], settings=HFEngineSettings(decode="generate")
+    )
+    with pytest.raises(ValueError, match="decode=generate cannot draw from keyed streams"):
+        engine.generate(_prompts(tok), SamplingParams(n_generations_per_prompt=1, max_new_tokens=2), [1, 2])

@@ -44,10 +44,10 @@ class RecordingEngine(HFGenerateEngine):
         self.model.load_state_dict(state_dict)
         self.updates.append(fingerprint(self.model))
 
-    def generate(self, prompt_ids, sampling):
+    def generate(self, prompt_ids, sampling, row_keys=None):
         same = all(torch.equal(a, b) for a, b in zip(self.model.parameters(), self.live.parameters()))
         self.calls.append((sampling.temperature, same))
-        return super().generate(prompt_ids, sampling)
+        return super().generate(prompt_ids, sampling, row_keys)
 
 
 def recording_engine(*, actor, tokenizer, model_path, micro_batch_size, **settings):

@@ -15,6 +15,7 @@ from src.rollout.batch import CollectRequest
 from src.rollout.engines.hf import HFGenerateEngine
 from src.rollout.single_turn import ResponseScorer, SingleTurnCollector
 from src.router.families import ToolFamilies
+from src.router.head import RouterHead
 from src.router.routes import record_context, routed_messages
 from src.router.usage import tool_usage
 
@@ -131,3 +132,45 @@ def test_validation_takes_the_routers_argmax_routes(tiny):
         )
         chosen.add(tuple(col.collect(argmax).router.action.tolist()))
     assert len(drawn) > 1 and chosen == {(2, 0)}
+
+
+def test_keyed_route_draw_is_the_inverse_cdf_at_each_rows_uniform():
+    g = torch.Generator().manual_seed(0)
+    logits, u = torch.randn(64, 3, generator=g) * 2, torch.rand(64, generator=g)
+    got = RouterHead.act(logits, sample=True, uniforms=u).router_action.tolist()
+    for b in range(64):
+        cumulative, pick = 0.0, 2
+        for action, p in enumerate(torch.softmax(logits[b].double(), -1).tolist()):
+            cumulative += p
+            if u[b].item() < cumulative:
+                pick = action
+                break
+        assert got[b] == pick, b
+
+
+def test_keyed_draws_give_a_prompt_its_routes_and_tokens_in_any_batch(tiny):
+    """``draw_seed``: each row's route and tokens come from streams keyed by (seed, uid, copy), so a
+    prompt collected alone (another rank's shard) gets the rows it gets beside others, whatever
+    torch's default generator holds; another seed draws others."""
+    _, tok = tiny
+    records = make_records(tok)
+    col = collector(tiny, router=True, temperature=1.0)
+    col.router.sample = True
+    col.router_logits_fn = lambda ids, mask: torch.zeros(ids.shape[0], 3)  # every route equally likely
+    fields = ("uid", "route", "response", "reward_task", "cost")
+
+    def rows(batch):
+        return [tuple(r[f] for f in fields) for r in batch.rows]
+
+    torch.manual_seed(1)
+    both = col.collect(CollectRequest(records, step=0, draw_seed=11))
+    torch.manual_seed(2)
+    alone = col.collect(CollectRequest(records[1:], step=0, draw_seed=11))
+    assert rows(alone) == rows(both)[2:]
+    assert batch_routes(alone) == batch_routes(both)[2:]
+    other = col.collect(CollectRequest(records, step=0, draw_seed=12))
+    assert rows(other) != rows(both)
+
+
+def batch_routes(batch) -> list[int]:
+    return batch.router.action.tolist()
