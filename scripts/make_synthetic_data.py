@@ -1,6 +1,6 @@
-"""Write synthetic RLLA train/test parquet files (ToolRL's exact schema).
+"""Write synthetic RLLA train/test (and calibration) parquet files (ToolRL's exact schema).
 
-    python scripts/make_synthetic_data.py OUT_DIR [--n-train 4000] [--n-test 200] [--seed 0]
+    python scripts/make_synthetic_data.py OUT_DIR [--n-train 4000] [--n-test 200] [--n-calib 0] [--seed 0]
         [--p-search 0.35] [--p-calculate 0.35] [--p-answer 0.3] [--data-source rlla]
         [--min-tools 4] [--max-tools 4] [--max-params 8]
 
@@ -27,6 +27,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out_dir")
     parser.add_argument("--n-train", type=int, default=4000)
     parser.add_argument("--n-test", type=int, default=200)
+    parser.add_argument(
+        "--n-calib", type=int, default=0, help="calib.parquet: held-out phrasing, texts apart from train/test"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--p-search", type=float, default=0.35)
     parser.add_argument("--p-calculate", type=float, default=0.35)
@@ -61,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
                 max_params=args.max_params,
                 low_gain=args.low_gain,
             ),
+            n_calib=args.n_calib,
         )
     except ValueError as err:
         log.error("%s", err)

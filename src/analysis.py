@@ -587,5 +587,12 @@ def run_summary(
             f"held-out routing at step {step} (router alone, argmax): "
             + ", ".join(f"{k.replace('route_acc_', 'acc ')} {_fmt(row.get(k))}" for k in keys)
         )
+        table = pd.read_parquet(Path(run_dir) / "rollouts" / "val" / f"routes_{step:08d}.parquet")
+        if "route_budgeted" in table:
+            rate = float((table.route_budgeted != "answer").mean())
+            lines.append(
+                f"held-out tool rate under B {budget:.3f}, threshold calibrated on the calibration "
+                f"split: {_fmt(rate)} ({len(table)} prompts)"
+            )
     lines.append(f"resume (after a stop, or with a larger trainer.max_steps): {resume_command}")
     return lines

@@ -22,6 +22,7 @@ ROUTER_RUN_OVERRIDES = [
     "router.lambda_lr=5.0",
     "trainer.save_freq=2",
     "trainer.val_check_interval=2",  # validation and the route confusion text every 2 steps
+    "data.synthetic.n_calib=64",  # the budget's threshold calibrated apart from the held-out split
 ]
 
 

@@ -44,6 +44,9 @@ class SyntheticSpec:
     p_calculate: float = 0.35
     p_answer: float = 0.30
     low_gain: float = 0.0  # share of tool rows whose request is vague (the call's values are guesses)
+    # > 0: also a calibration split of that many prompts (the test split's held-out templates, user
+    # texts disjoint from train and test): a budget's routing threshold is set on it, never on test
+    n_calib: int = 0
 
 
 @dataclass
@@ -55,6 +58,7 @@ class RllaDataConfig:
     kind: str = "files"
     train_files: Any = field(default_factory=list)
     val_files: Any = field(default_factory=list)
+    calib_files: Any = field(default_factory=list)  # the budget threshold's prompts (synthetic: n_calib)
     format: str = "xml"  # xml | harmony
     max_prompt_length: int = 2048
     shuffle: bool = True

@@ -241,7 +241,7 @@ def _data(cfg: DictConfig) -> list[str]:
     problems = one_of("data.kind", d.kind, ("files", "synthetic"))
     problems += one_of("data.format", d.format, ("xml", "harmony"))
     problems += positive({"data.max_prompt_length": d.max_prompt_length})
-    for key in ("train_files", "val_files"):
+    for key in ("train_files", "val_files", "calib_files"):
         try:
             files = file_list(d[key])
         except TypeError as err:
@@ -253,7 +253,7 @@ def _data(cfg: DictConfig) -> list[str]:
     if d.kind == "synthetic":
         s = d.synthetic
         problems += positive({"data.synthetic.n_train": s.n_train, "data.synthetic.n_test": s.n_test})
-        probs = {f"data.synthetic.{k}": s[k] for k in ("p_search", "p_calculate", "p_answer")}
+        probs = {f"data.synthetic.{k}": s[k] for k in ("p_search", "p_calculate", "p_answer", "n_calib")}
         problems += positive(probs, strict=False)
     if cfg.env.enable:
         problems.append(f"env.enable=true needs data=seeds (data.kind is {d.kind})")

@@ -16,21 +16,43 @@ log = logging.getLogger(__name__)
 
 
 def _synthetic_files(synthetic: Mapping[str, Any], cache_dir: str) -> tuple[list[str], list[str]]:
-    from src.datamodules.synthetic import GENERATOR_VERSION, SyntheticOptions, write_synthetic_rlla
+    from src.datamodules.synthetic import SyntheticOptions, write_synthetic_rlla
+
+    out = synthetic_dir(synthetic, cache_dir)
+    s = dict(synthetic)
+    n_calib = int(s.pop("n_calib", 0) or 0)
+    files = [out / "train.parquet", out / "test.parquet"] + ([out / "calib.parquet"] if n_calib else [])
+    intact = [discard_if_broken(f, parquet_intact) for f in files]
+    if not all(intact):
+        n_train, n_test, seed = s.pop("n_train"), s.pop("n_test"), s.pop("seed")
+        write_synthetic_rlla(out, n_train, n_test, seed, SyntheticOptions(**s), n_calib=n_calib)
+    return [str(files[0])], [str(files[1])]
+
+
+def synthetic_dir(synthetic: Mapping[str, Any], cache_dir: str) -> Path:
+    """Where the synthetic splits of these settings live in the cache (one directory per setting)."""
+    from src.datamodules.synthetic import GENERATOR_VERSION
 
     s = dict(synthetic)
     name = (
         f"synthetic-v{GENERATOR_VERSION}-n{s['n_train']}-{s['n_test']}-s{s['seed']}"
         f"-p{s['p_search']}-{s['p_calculate']}-{s['p_answer']}"
     )
-    low_gain = float(s.get("low_gain", 0.0))
-    out = Path(cache_dir) / "data" / (name + (f"-g{low_gain}" if low_gain else ""))
-    train, test = out / "train.parquet", out / "test.parquet"
-    intact = [discard_if_broken(f, parquet_intact) for f in (train, test)]
-    if not all(intact):
-        n_train, n_test, seed = s.pop("n_train"), s.pop("n_test"), s.pop("seed")
-        write_synthetic_rlla(out, n_train, n_test, seed, SyntheticOptions(**s))
-    return [str(train)], [str(test)]
+    low_gain, n_calib = float(s.get("low_gain", 0.0)), int(s.get("n_calib", 0) or 0)
+    return (
+        Path(cache_dir)
+        / "data"
+        / (name + (f"-g{low_gain}" if low_gain else "") + (f"-c{n_calib}" if n_calib else ""))
+    )
+
+
+def calibration_files(kind: str, calib_files: Any, synthetic: Mapping[str, Any], cache_dir: str) -> list[str]:
+    """The prompts a budget's routing threshold is calibrated on: ``data.calib_files``, else (synthetic
+    data with ``n_calib`` > 0) the generated ``calib.parquet`` (``resolve_files`` writes it); else none."""
+    files = file_list(calib_files)
+    if files or kind != "synthetic" or not int((synthetic or {}).get("n_calib", 0) or 0):
+        return files
+    return [str(synthetic_dir(synthetic, cache_dir) / "calib.parquet")]
 
 
 def _to_harmony(files: list[str], cache_dir: str) -> list[str]:
@@ -98,6 +120,7 @@ class RllaData:
     max_prompt_length: int
     shuffle: bool
     synthetic: Mapping[str, Any]
+    calib_files: Any = ()
 
 
 @dataclass(frozen=True)
@@ -120,6 +143,9 @@ def rlla_datamodule(
 
     d = RllaData(**group)
     train, val = resolve_files(d.kind, d.train_files, d.val_files, d.format, d.synthetic, cache_dir)
+    calib = calibration_files(d.kind, d.calib_files, d.synthetic, cache_dir)
+    if d.format == "harmony":
+        calib = _to_harmony(calib, cache_dir)
     loader = LoaderSettings(
         max_prompt_length=d.max_prompt_length,
         batch_size=batch_size,
@@ -127,7 +153,7 @@ def rlla_datamodule(
         shuffle=d.shuffle,
         seed=job_seed,
     )
-    return RLLADataModule(train_files=train, val_files=val, tokenizer=tokenizer, loader=loader)
+    return RLLADataModule(train, val, tokenizer, loader, calib_files=calib)
 
 
 def seeds_datamodule(

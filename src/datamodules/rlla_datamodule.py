@@ -108,6 +108,8 @@ class RLLADataModule(L.LightningDataModule):
         train_files / val_files: RLLA-schema parquet paths (any ``data_source``).
         tokenizer: HF tokenizer with a chat template (used to measure prompt length).
         loader: ``LoaderSettings`` (length filter, batch sizes, order).
+        calib_files: prompts a budget's routing threshold is calibrated on (``calib_dataset``; read
+            with the validation split, served by no loader).
     """
 
     def __init__(
@@ -116,6 +118,7 @@ class RLLADataModule(L.LightningDataModule):
         val_files: Sequence[str | Path],
         tokenizer: Any,
         loader: LoaderSettings,
+        calib_files: Sequence[str | Path] = (),
     ):
         super().__init__()
         o = loader
@@ -131,6 +134,7 @@ class RLLADataModule(L.LightningDataModule):
             raise ValueError("tokenizer has no chat_template; RLLA prompts are chat messages")
         self.train_files = [str(f) for f in train_files]
         self.val_files = [str(f) for f in val_files]
+        self.calib_files = [str(f) for f in calib_files]
         self.tokenizer = tokenizer
         self.max_prompt_length = o.max_prompt_length
         self.batch_size = o.batch_size
@@ -139,6 +143,7 @@ class RLLADataModule(L.LightningDataModule):
         self.filter_overlong, self.drop_last = o.filter_overlong, o.drop_last
         self.train_dataset: RLLADataset | None = None
         self.val_dataset: RLLADataset | None = None
+        self.calib_dataset: RLLADataset | None = None
         self.stats: dict[str, dict[str, Any]] = {}
         self._restored: DataPosition | None = None
         self._train_sampler: EpochSeededSampler | None = None
@@ -210,6 +215,8 @@ class RLLADataModule(L.LightningDataModule):
             self.train_dataset = self._load(self.train_files, "train")
         if stage in (None, "fit", "validate") and self.val_dataset is None:
             self.val_dataset = self._load(self.val_files, "val")
+        if stage in (None, "fit", "validate") and self.calib_files and self.calib_dataset is None:
+            self.calib_dataset = self._load(self.calib_files, "calib")
 
     # ------------------------------------------------------------------ loaders
     def train_dataloader(self) -> DataLoader:

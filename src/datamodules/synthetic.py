@@ -333,7 +333,7 @@ def generate_rows_with_templates(
         n_vague = 0 if kind == "answer" else _family_counts(count, (1.0 - o.low_gain, o.low_gain))[1]
         kinds += [(kind, i < n_vague) for i in range(count)]
     rng.shuffle(kinds)
-    template_split = "test" if split == "test" else "train"
+    template_split = "test" if split in ("test", "calib") else "train"
     made = [
         _make_row(
             rng,
@@ -377,20 +377,47 @@ def write_synthetic_rlla(
     n_test: int,
     seed: int = 0,
     options: SyntheticOptions = SyntheticOptions(),
+    n_calib: int = 0,
 ) -> dict[str, Path]:
-    """Write ``train.parquet`` and ``test.parquet`` under ``out_dir``; returns {"train": path, "test": path}.
+    """Write ``train.parquet`` and ``test.parquet`` (and with ``n_calib`` > 0 ``calib.parquet``) under
+    ``out_dir``; returns {split: path}.
 
     The test split uses its own random stream (seed + 1), the held-out request templates (so no
     test request appears in training) and indices after the train split's, so uids are unique
-    over both files.
+    over the files. The calibration split (``calibration_rows``) comes after the test split's.
     """
     train = generate_rows_with_templates(n_train, seed, options, "train", 0)[0]
     test = generate_rows_with_templates(n_test, seed + 1, options, "test", n_train)[0]
     out = Path(out_dir)
-    return {
+    files = {
         "train": write_rlla_parquet(train, out / "train.parquet"),
         "test": write_rlla_parquet(test, out / "test.parquet"),
     }
+    if n_calib > 0:
+        taken = set(user_texts(train)) | set(user_texts(test))
+        calib = calibration_rows(n_calib, seed + 2, options, n_train + n_test, taken)
+        files["calib"] = write_rlla_parquet(calib, out / "calib.parquet")
+    return files
+
+
+def calibration_rows(
+    n: int, seed: int, options: SyntheticOptions, start_index: int, taken: set[str]
+) -> pd.DataFrame:
+    """``n`` prompts from the held-out (test) templates, on their own random stream, none of whose
+    user texts is in ``taken`` (the train and test splits'): a budget's threshold set on them has
+    seen no prompt it is scored on. Drawn from 3n candidates in order (the families' shares stay
+    close to the options'); uids continue from ``start_index``."""
+    candidates = generate_rows_with_templates(3 * n, seed, options, "calib", start_index)[0]
+    fresh = [text not in taken for text in user_texts(candidates)]
+    rows = candidates[fresh].head(n).reset_index(drop=True)
+    if len(rows) < n:
+        raise ValueError(f"only {len(rows)} of {n} calibration prompts have texts apart from train and test")
+    return rows
+
+
+def user_texts(frame: pd.DataFrame) -> list[str]:
+    """Each row's user turn (the request the router reads)."""
+    return [next(m["content"] for m in messages if m["role"] == "user") for messages in frame["prompt"]]
 
 
 def is_vague_request(user_turn: str) -> bool:

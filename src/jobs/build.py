@@ -243,6 +243,7 @@ def build_rl_callbacks(cfg: DictConfig, tokenizer) -> list[pl.Callback]:
                 make_families(cfg),
                 tokenizer.pad_token_id,
                 int(cfg.algorithm.micro_batch_size),
+                budget=cfg.router.budget,
             )
         )
     return callbacks

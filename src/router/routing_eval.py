@@ -160,3 +160,15 @@ def routing_scalars(logits: torch.Tensor, labels: Sequence[str], prefix: str) ->
     if auc is not None:
         out[f"{prefix}/routing/auc_answer_vs_tool"] = auc
     return out
+
+
+def budgeted_scalars(
+    logits: torch.Tensor, labels: Sequence[str], threshold: float, prefix: str
+) -> dict[str, float]:
+    """``{prefix}/routing_budgeted/<metric>``: the P labelled prompts (logits [P, 3]) routed under a
+    budget with the p_tool ``threshold`` calibrated on other prompts (``calibrate_tool_threshold``),
+    so the realised ``tool_rate`` measures how the budget holds on prompts the threshold never saw;
+    plus the ``threshold`` itself."""
+    probs = torch.softmax(logits.detach().to(torch.float64).cpu(), dim=-1)
+    metrics = routing_metrics(budget_route_probs(probs, threshold), labels, True)
+    return {f"{prefix}/routing_budgeted/{k}": v for k, v in {**metrics, "threshold": threshold}.items()}

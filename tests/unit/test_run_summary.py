@@ -41,3 +41,17 @@ def test_plain_run_summary_has_no_router_lines(tmp_path):
     _write_steps(tmp_path, lambda step: [{"step": step, "reward_task": 1.0}])
     text = "\n".join(run_summary(tmp_path, None, "cmd", n_steps=2))
     assert "task reward 1.000" in text and "Ê[cost]" not in text and "held-out" not in text
+
+
+def test_router_run_summary_reports_the_budget_held_on_prompts_the_threshold_never_saw(tmp_path):
+    """A routes table with ``route_budgeted`` (a calibration split was set): the realised tool rate."""
+    _write_steps(tmp_path, lambda step: [{"step": step, "reward_task": 0.0, "cost": 0.0, "route": "answer",
+                                          "weak_label": "ANSWER", "reward_format": 1.0}])  # fmt: skip
+    (tmp_path / "rollouts" / "val").mkdir()
+    routes = pd.DataFrame(
+        {"weak_label": ["ANSWER"] * 4, "p_answer": [0.9] * 4, "p_search": [0.05] * 4, "p_calculate": [0.05] * 4,
+         "route_budgeted": ["answer", "search", "answer", "answer"]}  # fmt: skip
+    )
+    routes.to_parquet(tmp_path / "rollouts" / "val" / "routes_00000004.parquet")
+    text = "\n".join(run_summary(tmp_path, 0.3, "resume", n_steps=2))
+    assert "held-out tool rate under B 0.300, threshold calibrated on the calibration split: 0.250 (4 prompts)" in text

@@ -188,3 +188,20 @@ def test_validation_reads_the_router_alone_on_the_whole_held_out_split(router_ru
             logged = series[f"val/routing_{mode}/{name}"][-1][1]  # the last validation's
             assert logged == pytest.approx(value, abs=1e-6), f"val/routing_{mode}/{name}"
             assert by_step.loc[steps[-1], name] == pytest.approx(value, abs=1e-12)
+
+    # data.synthetic.n_calib: the p_tool threshold is set on the calibration split, then routes the
+    # held-out prompts (val/routing_budgeted/*, the table's route_budgeted column)
+    from src.datamodules.prepare import calibration_files
+    from src.router.routing_eval import budget_routes, calibrate_tool_threshold
+
+    d, budget = policy.config.data, float(policy.config.router.budget)
+    calib = read_rlla_parquet(
+        calibration_files(d.kind, d.calib_files, d.synthetic, policy.config.cache_dir)[0]
+    )[0]
+    assert len(calib) == 64 and not {r.uid for r in calib} & {r.uid for r in records}
+    threshold = calibrate_tool_threshold(records_probs(policy, calib).double(), budget)
+    assert series["val/routing_budgeted/threshold"][-1][1] == pytest.approx(threshold, abs=1e-6)
+    budgeted = budget_routes(probs, threshold)
+    assert list(routes.route_budgeted) == [("answer", "search", "calculate")[int(i)] for i in budgeted]
+    rate = float((budgeted != 0).double().mean())
+    assert series["val/routing_budgeted/tool_rate"][-1][1] == pytest.approx(rate, abs=1e-6)

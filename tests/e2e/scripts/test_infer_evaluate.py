@@ -114,6 +114,29 @@ def test_evaluate_routing_reports_shares_auc_and_a_budget_it_keeps(router_run, t
         )
 
 
+def test_evaluate_calibrates_on_the_calibration_split_and_prints_the_budgeted_metrics(
+    router_run, test_parquet
+):
+    """--calibrate the run's calibration split (data.synthetic.n_calib): the threshold is set there
+    and the held-out tool rate is what it realises on --routing's prompts; the JSON line printed
+    last carries the budgeted metrics and the calibration."""
+    import yaml
+
+    from src.datamodules.prepare import calibration_files
+
+    config = yaml.safe_load((router_run / "checkpoints" / "manifest.yaml").read_text())["config"]
+    d = config["data"]
+    calib = calibration_files(d["kind"], d["calib_files"], d["synthetic"], config["cache_dir"])[0]
+    out = _run("evaluate.py", "--run", str(router_run), "--routing", test_parquet, "--budget", "0.25",
+               "--calibrate", calib).stdout  # fmt: skip
+    printed = json.loads(out.strip().splitlines()[-1])
+    assert printed["calibration"]["calibrated_on"] == calib and printed["calibration"]["tool_rate"] <= 16 / 64
+    routes = pd.read_parquet(router_run / "rollouts" / "val" / "routes_00000005.parquet")
+    threshold = printed["calibration"]["threshold"]
+    expected = float(((1.0 - routes["p_answer"]) >= threshold).mean())  # the last validation's readings
+    assert printed["budgeted"]["tool_rate"] == pytest.approx(expected, abs=1 / len(routes))
+
+
 def test_infer_route_only_under_a_budget_keeps_it_on_held_out_prompts(router_run, test_parquet):
     out = _run(
         "infer.py", "--run", str(router_run), "--parquet", test_parquet, "--limit", "0", "--budget", "0.5",

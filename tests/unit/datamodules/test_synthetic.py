@@ -19,6 +19,7 @@ from src.datamodules.synthetic import (
     build_system_prompt,
     generate_rlla_rows,
     ground_truth_family,
+    user_texts,
     write_synthetic_rlla,
 )
 from src.rewards.rlla import compute_score, format_ok, parse_tool_block
@@ -57,6 +58,26 @@ def test_uids_unique_over_both_splits_and_extra_info_mirrors_prompt(tmp_path):
         e = row["extra_info"]
         assert e["instruction"] == system["content"] and e["input"] == user["content"]
         assert e["output"] == row["reward_model"]["ground_truth"]
+
+
+def test_calibration_split_is_held_out_phrasing_apart_from_train_and_test(tmp_path):
+    """n_calib: prompts from the test split's held-out templates whose user texts are in neither
+    train nor test (the budget's threshold then never sees a prompt it is scored on); uids after
+    test's; the same file from the same seed; train and test as without it."""
+    paths = write_synthetic_rlla(tmp_path / "a", n_train=200, n_test=300, seed=1, n_calib=300)
+    plain = write_synthetic_rlla(tmp_path / "b", n_train=200, n_test=300, seed=1)
+    frames = {split: pd.read_parquet(path) for split, path in paths.items()}
+    calib = frames["calib"]
+    assert len(calib) == 300 and {e["split"] for e in calib["extra_info"]} == {"calib"}
+    users = {split: set(user_texts(f)) for split, f in frames.items()}
+    assert not users["calib"] & users["test"] and not users["calib"] & users["train"]
+    # the same templates as test: a straight draw of test phrasing would share texts with it
+    assert users["test"] & set(user_texts(generate_rlla_rows(300, 2, split="test")))
+    assert min(e["index"] for e in calib["extra_info"]) >= 500
+    for split in ("train", "test"):
+        pd.testing.assert_frame_equal(frames[split], pd.read_parquet(plain[split]))
+    again = write_synthetic_rlla(tmp_path / "c", n_train=200, n_test=300, seed=1, n_calib=300)
+    pd.testing.assert_frame_equal(calib, pd.read_parquet(again["calib"]))
 
 
 def test_deterministic_by_seed():

@@ -12,6 +12,7 @@ from src.router.routing_eval import (
     answer_vs_tool_auc,
     budget_route_probs,
     budget_routes,
+    budgeted_scalars,
     calibrate_tool_threshold,
     route_shares,
     routing_metrics,
@@ -104,9 +105,30 @@ def test_threshold_routes_at_most_budget_and_no_fewer_without_ties(budget, dtype
     with pytest.raises(ValueError, match="budget"):
         calibrate_tool_threshold(probs, 1.5)
     # the same prompts read again in another batch layout: p_tool moves by float noise only
-    jitter = probs * (1 + 1e-6 * torch.randn(probs.shape, generator=torch.Generator().manual_seed(1), dtype=dtype))
+    jitter = probs * (
+        1 + 1e-6 * torch.randn(probs.shape, generator=torch.Generator().manual_seed(1), dtype=dtype)
+    )
     assert torch.equal(budget_routes(jitter / jitter.sum(-1, keepdim=True), t), routes)
     # as one-hot rows (what the metrics read): one 1 per row, at the budget route, in probs' dtype
     onehot = budget_route_probs(probs, t)
     assert onehot.dtype == dtype and torch.equal(onehot.sum(-1), torch.ones(200, dtype=dtype))
     assert torch.equal(onehot.argmax(-1), routes)
+
+
+def test_budgeted_scalars_route_held_out_prompts_with_a_threshold_set_elsewhere():
+    """The threshold comes from the calibration prompts; the held-out tool rate is whatever it
+    realises there (a plain count), not B by construction."""
+    calib, _ = _random(400, 11)
+    held_out, labels = _random(300, 12)
+    held_out[:, 0] = held_out[:, 0] ** 0.5  # the held-out prompts lean to answer: fewer pass the cut
+    held_out = held_out / held_out.sum(-1, keepdim=True)
+    t = calibrate_tool_threshold(calib, 0.3)
+    got = budgeted_scalars(held_out.log(), labels, t, "val")
+    p_tool = [1.0 - row[0] for row in held_out.tolist()]
+    rate = sum(p >= t for p in p_tool) / len(p_tool)
+    assert got["val/routing_budgeted/threshold"] == t
+    assert got["val/routing_budgeted/tool_rate"] == pytest.approx(rate, abs=1e-12)
+    assert rate < 0.28  # calibrated elsewhere: not 0.3 by construction
+    assert got["val/routing_budgeted/route_acc_answer"] == pytest.approx(
+        routing_metrics(budget_route_probs(held_out, t), labels, True)["route_acc_answer"]
+    )
