@@ -44,7 +44,7 @@ class SyntheticSpec:
     p_calculate: float = 0.35
     p_answer: float = 0.30
     low_gain: float = 0.0  # share of tool rows whose request is vague (the call's values are guesses)
-    # > 0: also a calibration split of that many prompts (the test split's held-out templates, user
+    # > 0: also a calibration split of that many prompts (the test split's held-out templates, prompt
     # texts disjoint from train and test): a budget's routing threshold is set on it, never on test
     n_calib: int = 0
 

@@ -16,9 +16,12 @@ import pytest
 from src.datamodules.schema import RLLA_ARROW_SCHEMA, extract_records
 from src.datamodules.synthetic import (
     TOOLS,
+    SyntheticOptions,
     build_system_prompt,
     generate_rlla_rows,
     ground_truth_family,
+    is_vague_request,
+    prompt_texts,
     user_texts,
     write_synthetic_rlla,
 )
@@ -61,22 +64,27 @@ def test_uids_unique_over_both_splits_and_extra_info_mirrors_prompt(tmp_path):
 
 
 def test_calibration_split_is_held_out_phrasing_apart_from_train_and_test(tmp_path):
-    """n_calib: prompts from the test split's held-out templates whose user texts are in neither
-    train nor test (the budget's threshold then never sees a prompt it is scored on); uids after
-    test's; the same file from the same seed; train and test as without it."""
-    paths = write_synthetic_rlla(tmp_path / "a", n_train=200, n_test=300, seed=1, n_calib=300)
-    plain = write_synthetic_rlla(tmp_path / "b", n_train=200, n_test=300, seed=1)
+    """n_calib: prompts from the test split's held-out templates whose prompt texts are in neither
+    train nor test (the budget's threshold then never sees a prompt it is scored on), in test's mix
+    of families and vague requests; uids after test's; the same file from the same seed; train and
+    test as without it."""
+    mix = SyntheticOptions(p_search=0.3, p_calculate=0.3, p_answer=0.4, low_gain=0.5)  # the demo's
+    paths = write_synthetic_rlla(tmp_path / "a", n_train=200, n_test=400, seed=1, options=mix, n_calib=400)
+    plain = write_synthetic_rlla(tmp_path / "b", n_train=200, n_test=400, seed=1, options=mix)
     frames = {split: pd.read_parquet(path) for split, path in paths.items()}
     calib = frames["calib"]
-    assert len(calib) == 300 and {e["split"] for e in calib["extra_info"]} == {"calib"}
-    users = {split: set(user_texts(f)) for split, f in frames.items()}
-    assert not users["calib"] & users["test"] and not users["calib"] & users["train"]
-    # the same templates as test: a straight draw of test phrasing would share texts with it
-    assert users["test"] & set(user_texts(generate_rlla_rows(300, 2, split="test")))
-    assert min(e["index"] for e in calib["extra_info"]) >= 500
+    assert len(calib) == 400 and {e["split"] for e in calib["extra_info"]} == {"calib"}
+    texts = {split: set(prompt_texts(f)) for split, f in frames.items()}
+    assert not texts["calib"] & texts["test"] and not texts["calib"] & texts["train"]
+    assert not set(user_texts(calib)) & set(user_texts(frames["train"]))  # held-out templates only
+    for split in ("test", "calib"):  # the same mix: a threshold set on one transfers to the other
+        vague = sum(map(is_vague_request, user_texts(frames[split])))
+        families = Counter(ground_truth_family(gt) for gt in _gts(frames[split]))
+        assert abs(vague - 0.5 * 0.6 * 400) <= 25 and abs(families["answer"] - 0.4 * 400) <= 25, split
+    assert min(e["index"] for e in calib["extra_info"]) >= 600
     for split in ("train", "test"):
         pd.testing.assert_frame_equal(frames[split], pd.read_parquet(plain[split]))
-    again = write_synthetic_rlla(tmp_path / "c", n_train=200, n_test=300, seed=1, n_calib=300)
+    again = write_synthetic_rlla(tmp_path / "c", n_train=200, n_test=400, seed=1, options=mix, n_calib=400)
     pd.testing.assert_frame_equal(calib, pd.read_parquet(again["calib"]))
 
 
