@@ -285,13 +285,8 @@ def main_routing(args: argparse.Namespace) -> int:
     if args.out:  # one row per prompt: which requests the router gets wrong, not only how many
         write_rows(routing_rows(records, labels, probs), Path(args.out))
     print("\n\n".join(tables), flush=True)
-    keys = (
-        "greedy",
-        "sampled",
-        "auc_answer_vs_tool",
-        "budgeted",
-        "calibration",
-    )  # the last two with --budget
+    # the last two only with --budget
+    keys = ("greedy", "sampled", "auc_answer_vs_tool", "budgeted", "calibration")
     print(json.dumps({k: report[k] for k in keys if k in report}), flush=True)
     return 0
 

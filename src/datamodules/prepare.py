@@ -20,7 +20,7 @@ def _synthetic_files(synthetic: Mapping[str, Any], cache_dir: str) -> tuple[list
 
     out = synthetic_dir(synthetic, cache_dir)
     s = dict(synthetic)
-    n_calib = int(s.pop("n_calib", 0) or 0)
+    n_calib = _n_calib(s.pop("n_calib", 0))
     files = [out / "train.parquet", out / "test.parquet"] + ([out / "calib.parquet"] if n_calib else [])
     intact = [discard_if_broken(f, parquet_intact) for f in files]
     if not all(intact):
@@ -38,7 +38,7 @@ def synthetic_dir(synthetic: Mapping[str, Any], cache_dir: str) -> Path:
         f"synthetic-v{GENERATOR_VERSION}-n{s['n_train']}-{s['n_test']}-s{s['seed']}"
         f"-p{s['p_search']}-{s['p_calculate']}-{s['p_answer']}"
     )
-    low_gain, n_calib = float(s.get("low_gain", 0.0)), int(s.get("n_calib", 0) or 0)
+    low_gain, n_calib = float(s.get("low_gain", 0.0)), _n_calib(s.get("n_calib", 0))
     return (
         Path(cache_dir)
         / "data"
@@ -50,9 +50,14 @@ def calibration_files(kind: str, calib_files: Any, synthetic: Mapping[str, Any],
     """The prompts a budget's routing threshold is calibrated on: ``data.calib_files``, else (synthetic
     data with ``n_calib`` > 0) the generated ``calib.parquet`` (``resolve_files`` writes it); else none."""
     files = file_list(calib_files)
-    if files or kind != "synthetic" or not int((synthetic or {}).get("n_calib", 0) or 0):
+    if files or kind != "synthetic" or not _n_calib((synthetic or {}).get("n_calib", 0)):
         return files
     return [str(synthetic_dir(synthetic, cache_dir) / "calib.parquet")]
+
+
+def _n_calib(value: Any) -> int:
+    """``data.synthetic.n_calib`` as an int (absent from manifests written before it existed: 0)."""
+    return int(value or 0)
 
 
 def _to_harmony(files: list[str], cache_dir: str) -> list[str]:

@@ -159,14 +159,7 @@ class RolloutPipeline:
         seed = step_seed(self.seed, step)
         prompts = self.source.prompts(records, step, self._collector_fn(step, lam))
         torch.manual_seed(seed)  # sampling inside generate (after any curriculum evaluation)
-        request = CollectRequest(
-            prompts.records,
-            step,
-            lam,
-            prompts.sampling,
-            torch.Generator().manual_seed(seed),
-            draw_seed=seed if self.keyed_draws else None,
-        )
+        request = self._seeded_request(prompts.records, step, lam, prompts.sampling, seed)
         fresh = self._collect(request) if self.buffer.collects_locally else None
         scalars = dict(prompts.scalars)
         if self.dynamic is not None and fresh is not None:
@@ -200,18 +193,16 @@ class RolloutPipeline:
         def collect(records: list[dict[str, Any]], k: int) -> RolloutBatch:
             seed = refill_seed(self.seed, step, k)
             torch.manual_seed(seed)
-            return self._collect(
-                CollectRequest(
-                    records,
-                    step,
-                    lam,
-                    sampling,
-                    torch.Generator().manual_seed(seed),
-                    draw_seed=seed if self.keyed_draws else None,
-                )
-            )
+            return self._collect(self._seeded_request(records, step, lam, sampling, seed))
 
         return collect
+
+    def _seeded_request(self, records, step: int, lam: float, sampling, seed: int) -> CollectRequest:
+        """A training collect drawing from ``seed``: the router's generator, and with ``keyed_draws``
+        every row's own streams keyed by it."""
+        generator = torch.Generator().manual_seed(seed)
+        draw_seed = seed if self.keyed_draws else None
+        return CollectRequest(records, step, lam, sampling, generator, draw_seed=draw_seed)
 
     def _collect(self, request: CollectRequest) -> RolloutBatch:
         if self.collector is None:
