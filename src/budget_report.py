@@ -42,6 +42,30 @@ def settling_step(
     return int(steps[0] if not outside else steps[outside[-1] + 1])  # the window after the last miss
 
 
+def settling_figures(cost: pd.Series, lam: pd.Series, budget: float) -> dict[str, Any]:
+    """cost: mean cost per step, lam: λ per step (both indexed by step, sorted). The last-100-step
+    figures (mean cost, its 25-step windows, λ's range and coefficient of variation), the settling
+    step, and ``settled``: all three ``SETTLED`` bounds met."""
+    last = cost.iloc[-LAST:]
+    windows = [float(last.iloc[i : i + WINDOW].mean()) for i in range(0, len(last) - WINDOW + 1, WINDOW)]
+    lam = lam.iloc[-LAST:]
+    lam_mean, lam_std = float(lam.mean()), float(lam.std(ddof=0))
+    figures: dict[str, Any] = {
+        "cost_last100": float(last.mean()),
+        "cost_windows": windows,
+        "settling_step": settling_step(cost, budget),
+        "lambda_min": float(lam.min()),
+        "lambda_max": float(lam.max()),
+        "lambda_cv": lam_std / lam_mean if lam_mean > 0 else math.inf,
+    }
+    figures["settled"] = (
+        abs(figures["cost_last100"] - budget) <= SETTLED["mean_cost_band"]
+        and all(abs(w - budget) <= SETTLED["window_band"] for w in windows)
+        and figures["lambda_cv"] <= SETTLED["lambda_cv"]
+    )
+    return figures
+
+
 def budget_report(run_dir: str | Path, budget: float | None = None) -> dict[str, Any]:
     """The figures above for one run (``budget``: default the run's ``router.budget``)."""
     run_dir = Path(run_dir)
@@ -50,10 +74,8 @@ def budget_report(run_dir: str | Path, budget: float | None = None) -> dict[str,
     budget = float(router["budget"] if budget is None else budget)
     rollouts = load_rollouts(run_dir)
     cost = rollouts.groupby("step")["cost"].mean().sort_index()
-    last = cost.iloc[-LAST:]
-    windows = [float(last.iloc[i : i + WINDOW].mean()) for i in range(0, len(last) - WINDOW + 1, WINDOW)]
-    lam = load_scalars(run_dir)["train/lambda"].dropna().sort_index().iloc[-LAST:]
-    lam_mean, lam_std = float(lam.mean()), float(lam.std(ddof=0))
+    lam = load_scalars(run_dir)["train/lambda"].dropna().sort_index()
+    settling = settling_figures(cost, lam, budget)
     steps = sorted(rollouts["step"].unique())
     last50 = rollouts[rollouts["step"].isin(steps[-50:])]
     report: dict[str, Any] = {
@@ -64,12 +86,7 @@ def budget_report(run_dir: str | Path, budget: float | None = None) -> dict[str,
         "controller": router.get("lambda_update"),
         "steps": len(steps),
         "cost_last50": float(last50["cost"].mean()),
-        "cost_last100": float(last.mean()),
-        "cost_windows": windows,
-        "settling_step": settling_step(cost, budget),
-        "lambda_min": float(lam.min()),
-        "lambda_max": float(lam.max()),
-        "lambda_cv": lam_std / lam_mean if lam_mean > 0 else math.inf,
+        **{k: v for k, v in settling.items() if k != "settled"},
         "reward_task_last50": float(last50["reward_task"].mean()),
     }
     routing = held_out_routing(run_dir)
@@ -77,11 +94,7 @@ def budget_report(run_dir: str | Path, budget: float | None = None) -> dict[str,
         row = routing.iloc[-1]
         keys = ("route_acc_answer", "route_acc_family", "recall_search", "recall_calculate", "tool_rate")
         report.update({f"held_out_{k}": _float(row.get(k)) for k in keys})
-    report["settled"] = (
-        abs(report["cost_last100"] - budget) <= SETTLED["mean_cost_band"]
-        and all(abs(w - budget) <= SETTLED["window_band"] for w in windows)
-        and report["lambda_cv"] <= SETTLED["lambda_cv"]
-    )
+    report["settled"] = settling["settled"]
     return report
 
 

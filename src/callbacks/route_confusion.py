@@ -23,8 +23,10 @@ TAG = "train/route_confusion"
 
 
 class RouteConfusionLogger(pl.Callback):
-    def __init__(self, every_n_steps: int = 50):
-        self.every = max(int(every_n_steps), 1)
+    """Writes every ``every_n_steps`` steps (None: 50, the job passes its validation interval)."""
+
+    def __init__(self, every_n_steps: int | None = 50):
+        self.every = max(int(every_n_steps or 50), 1)
         self.labels: list[str] = []
         self.routes: list[str] = []
         self.last: tuple[int, str] | None = None  # (logger step, text) of the last write

@@ -221,8 +221,9 @@ class JobConfig:
     sft: SftConfig = field(default_factory=SftConfig)
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
-    # extra Lightning callbacks by name, each built from its ``_target_`` (e.g. fault injection in tests)
+    # the RL fit's Lightning callbacks, each from its ``_target_``, in order (configs/train.yaml)
     callbacks: Dict[str, Any] = field(default_factory=dict)
+    sft_callbacks: Dict[str, Any] = field(default_factory=dict)  # the SFT fit's, the same way
 
 
 # (group, option name) -> schema; group options name theirs in their defaults lists

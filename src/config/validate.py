@@ -281,15 +281,15 @@ def _env(cfg: DictConfig) -> list[str]:
 
 def _trainer(cfg: DictConfig) -> list[str]:
     t = cfg.trainer
-    problems = positive(
-        {"trainer.save_freq": t.save_freq, "trainer.devices": t.devices, "trainer.num_nodes": t.num_nodes}
-    )
-    problems += positive({"trainer.log_every_n_steps": t.log_every_n_steps})
-    problems += positive({"trainer.max_steps": t.max_steps})  # 0 would do nothing and exit 0
+    counts = ("save_freq", "devices", "num_nodes", "log_every_n_steps", "max_steps")  # max_steps 0: a no-op
+    problems = positive({f"trainer.{k}": t[k] for k in counts})
     problems += positive({"trainer.limit_val_batches": t.limit_val_batches}, strict=False)
     if t.val_check_interval is not None:
         problems += positive({"trainer.val_check_interval": t.val_check_interval})
-    return problems
+    groups = ("callbacks", "sft_callbacks")
+    callbacks = [(f"{g}.{k}", v) for g in groups for k, v in (cfg.get(g) or {}).items()]
+    bad = [k for k, v in callbacks if v is not None and not (OmegaConf.is_dict(v) and "_target_" in v)]
+    return problems + [f"{k}: no _target_ to build the callback with (null leaves it out)" for k in bad]
 
 
 def max_positions(cfg: DictConfig) -> tuple[int | None, str]:

@@ -2,30 +2,26 @@
 (prompt source: data or a curriculum's lessons; collector with its one engine; buffer: none, local
 replay or Ray workers, and the worker's own module copy), the actor and the module, the logging
 callbacks and the Lightning Trainer. Components with a ``_target_`` (datamodule, engine, collector,
-loss module, environment, replay buffer, strategy, extra callbacks) come from Hydra ``instantiate``;
+loss module, environment, replay buffer, strategy, callbacks) come from Hydra ``instantiate``;
 nothing here rewrites a setting: derived values are computed where they are used.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import shlex
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
-from hydra.utils import instantiate
+from hydra.utils import get_object, instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from src.callbacks.checkpointing import (
-    AtomicCheckpointIO,
-    ManifestCheckpoint,
-    ManifestWriter,
-    StopOnSignal,
-)
-from src.callbacks.progress import StepProgressBar
+from src.callbacks.checkpointing import AtomicCheckpointIO, ManifestWriter
 from src.callbacks.run_logs import RunTensorBoardLogger
 from src.config.sampling import eval_sampling, merge_sampling, train_sampling
 from src.config.schema import AlgorithmGroupConfig, RouterConfig
@@ -114,29 +110,45 @@ def resume_command(cfg: DictConfig) -> str:
     return shlex.join(["python", "scripts/train.py", *overrides, f"run_dir={cfg.run_dir}", "resume=true"])
 
 
-def build_trainer(cfg: DictConfig, extra_callbacks: list[pl.Callback]) -> pl.Trainer:
+def build_callbacks(
+    cfg: DictConfig, runtime: dict[str, Callable[[], Any]], group: str = "callbacks"
+) -> list[pl.Callback]:
+    """``<group>.<name>``'s ``_target_`` for each enabled entry, in the config's order (``group``:
+    ``callbacks``, the RL fit's, or ``sft_callbacks``).
+
+    ``runtime``: what only the job has (``name`` -> a function giving it), passed by name to a
+    constructor that takes it and whose node does not set it; ``enable`` is read here."""
+    built = []
+    for node in (cfg.get(group) or {}).values():
+        if node is None or not node.get("enable", True):
+            continue
+        params = inspect.signature(get_object(node._target_)).parameters
+        given = {k: make() for k, make in runtime.items() if k in params and k not in node}
+        settings = {k: v for k, v in node.items() if k != "enable"}
+        # given after instantiate: Hydra would merge a given DictConfig (cfg) into the node
+        built.append(instantiate(OmegaConf.create(settings), _partial_=True)(**given))
+    return built
+
+
+def build_trainer(cfg: DictConfig, tokenizer, point) -> pl.Trainer:
+    """The RL fit's Trainer with ``build_callbacks``; ``point``: the resume point, or None."""
+    from src.rollout.factory import make_families
+
     run_dir = Path(cfg.run_dir)
-    ckpt_dir = run_dir / "checkpoints"
     manifest = ManifestWriter(
-        ckpt_dir,
+        run_dir / "checkpoints",
         OmegaConf.to_container(cfg, resolve=True),
         resume_command(cfg),
         source_dir=Path(__file__).resolve().parents[1],
     )
-    callbacks = [
-        StepProgressBar(budget=float(cfg.router.budget) if cfg.router.get("enable") else None),
-        *extra_callbacks,
-        ManifestCheckpoint(
-            manifest,
-            dirpath=ckpt_dir,
-            filename="step_{step:08d}",
-            every_n_train_steps=cfg.trainer.save_freq,
-            save_last=True,
-            save_top_k=-1,
-            auto_insert_metric_name=False,
-        ),
-        StopOnSignal("the run", save_to=ckpt_dir / "interrupted.ckpt", manifest=manifest),
-    ]
+    runtime = {
+        "manifest": lambda: manifest,
+        "families": lambda: make_families(cfg),
+        "pad_id": lambda: tokenizer.pad_token_id,
+        "replay": lambda: point.validation if point else None,
+        "cfg": lambda: cfg,
+    }
+    callbacks = build_callbacks(cfg, runtime)
     t = cfg.trainer
     return pl.Trainer(
         max_steps=t.max_steps,
@@ -224,29 +236,6 @@ def build_dynamic_sampling(cfg: DictConfig, tokenizer, datamodule) -> DynamicSam
         raise ValueError("algorithm.dynamic_sampling.enable: the refill draw needs the job's datamodule")
     draw = RefillDraw(datamodule, int(cfg.seed))
     return DynamicSampling(str(d.on), int(d.max_extra_batches), float(d.eps), draw, tokenizer.pad_token_id)
-
-
-def build_rl_callbacks(cfg: DictConfig, tokenizer) -> list[pl.Callback]:
-    """The rollout log and, with a router, the route confusion and the held-out routing."""
-    from src.callbacks.rollout_logger import RolloutLogger
-
-    callbacks: list[pl.Callback] = [RolloutLogger(Path(cfg.run_dir) / "rollouts")]
-    if cfg.router.enable:
-        from src.callbacks.held_out_routing import HeldOutRoutingLogger
-        from src.callbacks.route_confusion import RouteConfusionLogger
-        from src.rollout.factory import make_families
-
-        callbacks.append(RouteConfusionLogger(cfg.trainer.val_check_interval or 50))
-        callbacks.append(
-            HeldOutRoutingLogger(
-                Path(cfg.run_dir) / "rollouts" / "val",
-                make_families(cfg),
-                tokenizer.pad_token_id,
-                int(cfg.algorithm.micro_batch_size),
-                budget=cfg.router.budget,
-            )
-        )
-    return callbacks
 
 
 def lesson_rules(cfg: DictConfig) -> list[LessonRule]:

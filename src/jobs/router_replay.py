@@ -15,9 +15,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
+import pandas as pd
 import torch
 
 from src.algorithms.lagrange import initial_controller, lambda_window_step
+from src.budget_report import settling_figures
 from src.config.schema import RouterConfig
 from src.models.router_policy import RouterPolicy
 from src.rollout.batch import RouterRollout
@@ -163,8 +165,13 @@ def replay(
     test_acc = routing_metrics(probs, names, greedy=True)
     routed = budget_route_probs(probs, calibrate_tool_threshold(probs, cfg.budget))
     budgeted = routing_metrics(routed, names, greedy=True)
+    cost = pd.Series([t[0] for t in trace])
+    settling = settling_figures(cost, pd.Series([t[1] for t in trace]), cfg.budget)
     return {
         "cost_last50": float(np.mean([t[0] for t in last])),
+        **{k: float(v) for k, v in settling.items() if k in ("cost_last100", "lambda_cv", "settled")},
+        "window_max_dev": max(abs(w - cfg.budget) for w in settling["cost_windows"]),
+        "settling_step": _nan(settling["settling_step"]),
         "lambda_min": min(t[1] for t in last),
         "lambda_max": max(t[1] for t in last),
         "train_acc_answer": _nan(train_acc[0]),

@@ -28,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
 
 from src.callbacks.checkpointing import Preempted, StopOnSignal
-from src.callbacks.progress import StepLogProgress, StepProgressBar
+from src.config.validate import ConfigError
 from src.jobs.sft_resume import EndlessShuffle, interrupted_path, resumable_step
 
 log = logging.getLogger(__name__)
@@ -153,8 +153,13 @@ def _sft_trainer(cfg: DictConfig, save_to: Path | None) -> tuple[pl.Trainer, Sto
     """The SFT trainer and its signal stop (which saves the resumable state to ``save_to``)."""
     from src.callbacks.checkpointing import AtomicCheckpointIO
 
+    from src.jobs.build import build_callbacks
+
     s = cfg.sft
-    stopper = StopOnSignal("SFT", save_to=save_to)
+    callbacks = build_callbacks(cfg, {"save_to": lambda: save_to}, group="sft_callbacks")
+    stopper = next((cb for cb in callbacks if isinstance(cb, StopOnSignal)), None)
+    if stopper is None:  # Lightning would add its own periodic ModelCheckpoint
+        raise ConfigError(["sft_callbacks: the SFT fit needs its StopOnSignal (stop_on_signal)"])
     trainer = pl.Trainer(
         max_steps=s.max_steps,
         max_epochs=-1,
@@ -171,11 +176,7 @@ def _sft_trainer(cfg: DictConfig, save_to: Path | None) -> tuple[pl.Trainer, Sto
         gradient_clip_val=1.0,
         default_root_dir=str(cfg.run_dir),
         plugins=[AtomicCheckpointIO()],
-        callbacks=[
-            StepProgressBar(),
-            StepLogProgress("SFT", "train/sft_loss", every=s.get("log_every", 25)),
-            stopper,
-        ],
+        callbacks=callbacks,
     )
     return trainer, stopper
 

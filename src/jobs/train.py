@@ -9,23 +9,18 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from hydra.utils import instantiate
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
 from src.callbacks.checkpointing import Preempted, StopOnSignal
-from src.callbacks.step_only import StepOnlyScalars
-from src.callbacks.step_scalars import StepScalarCarry
-from src.callbacks.validation_replay import ValidationAfterCheckpoint
 from src.jobs.build import (
     build_datamodule,
     build_module,
-    build_rl_callbacks,
     build_rollout_pipeline,
     build_trainer,
 )
 from src.jobs.checks import validate_job
-from src.jobs.launch_record import LaunchRecord, save_launch_record
+from src.jobs.launch_record import save_launch_record
 from src.jobs.resume import (
     already_finished,
     check_callback_states,
@@ -79,14 +74,6 @@ def quiet_known_library_output() -> None:
             lightning_log.removeHandler(handler)
 
 
-def configured_callbacks(cfg: DictConfig) -> list[pl.Callback]:
-    """Extra callbacks from ``callbacks.<name>._target_`` (curriculum, replay, fault injection...).
-
-    Their ``state_dict`` is checkpointed by Lightning and restored before the first resumed step.
-    """
-    return [instantiate(node) for _, node in sorted((cfg.get("callbacks") or {}).items())]
-
-
 def train(cfg: DictConfig, validated: bool = False) -> tuple[dict[str, float], dict[str, Any]]:
     """Run the configured job. Returns (final logged metrics, {trainer, module, datamodule}).
 
@@ -134,25 +121,12 @@ def train(cfg: DictConfig, validated: bool = False) -> tuple[dict[str, float], d
         set_up_router_input(
             module, base_model_dir(cfg), datamodule, tokenizer.pad_token_id, Path(cfg.cache_dir)
         )
-    trainer = build_trainer(cfg, rl_fit_callbacks(cfg, tokenizer, point))
+    trainer = build_trainer(cfg, tokenizer, point)
     if ckpt is not None:
         check_callback_states(point, trainer)
         log.info("resuming from %s", ckpt)
     metrics = fit(trainer, module, datamodule, cfg.run_dir, point)
     return metrics, {"trainer": trainer, "module": module, "datamodule": datamodule}
-
-
-def rl_fit_callbacks(cfg: DictConfig, tokenizer, point) -> list[pl.Callback]:
-    """The RL fit's callbacks besides the checkpoints; ``point``: the resume point, or None."""
-    return [
-        StepOnlyScalars(),  # first: it clears the previous step's values before anyone logs
-        *build_rl_callbacks(cfg, tokenizer),
-        StepScalarCarry(),
-        # after StepScalarCarry: a validation run again follows the re-logged points of its step
-        ValidationAfterCheckpoint(replay=point.validation if point else None),
-        *configured_callbacks(cfg),
-        LaunchRecord(cfg, cfg.run_dir),  # Hydra's record of this launch, once the fit started
-    ]
 
 
 def fit(trainer: pl.Trainer, module, datamodule, run_dir: str, point) -> dict[str, float]:

@@ -183,3 +183,73 @@ def test_a_bad_loss_module_target_names_its_key():
     with pytest.raises(InstantiationException) as err:
         build_loss(cfg, dataclass_from(AlgorithmGroupConfig, cfg.algorithm))
     assert "no_such_factory" in str(err.value) and "full_key: algorithm.loss_module" in str(err.value)
+
+
+class _NeedsManifest:
+    """A researcher's callback that takes one of the job's runtime inputs by name."""
+
+    def __init__(self, manifest, tag: str = "x"):
+        self.manifest, self.tag = manifest, tag
+
+
+def test_callbacks_from_their_target_in_the_configs_order(tmp_path):
+    from src.callbacks.checkpointing import ManifestCheckpoint, StopOnSignal
+    from src.callbacks.held_out_routing import HeldOutRoutingLogger
+    from src.callbacks.progress import StepProgressBar
+    from src.callbacks.route_confusion import RouteConfusionLogger
+    from src.callbacks.step_only import StepOnlyScalars
+    from src.jobs.build import build_callbacks
+
+    run = tmp_path / "run"
+    asked: list[str] = []
+
+    def runtime(**values):
+        return {k: (lambda k=k, v=v: asked.append(k) or v) for k, v in values.items()}
+
+    given = runtime(manifest="M", families="F", pad_id=0, replay=None, cfg="C")
+    cfg = compose_job(
+        ["experiment=router_grpo", f"run_dir={run}", "trainer.val_check_interval=7", "trainer.save_freq=3"]
+    )
+    built = build_callbacks(cfg, given)
+    assert [type(cb).__name__ for cb in built] == [
+        "StepProgressBar", "StepOnlyScalars", "RolloutLogger", "RouteConfusionLogger",
+        "HeldOutRoutingLogger", "StepScalarCarry", "ValidationAfterCheckpoint", "LaunchRecord",
+        "ManifestCheckpoint", "StopOnSignal",
+    ]  # fmt: skip
+    bar, confusion, held_out, ckpt, stop = built[0], built[3], built[4], built[8], built[9]
+    assert isinstance(bar, StepProgressBar) and bar.budget == cfg.router.budget
+    assert isinstance(built[1], StepOnlyScalars)
+    assert isinstance(confusion, RouteConfusionLogger) and confusion.every == 7
+    assert isinstance(held_out, HeldOutRoutingLogger) and (held_out.families, held_out.pad_id) == ("F", 0)
+    assert held_out.out_dir == run / "rollouts" / "val"
+    assert isinstance(ckpt, ManifestCheckpoint) and ckpt._every_n_train_steps == 3
+    assert isinstance(stop, StopOnSignal)
+    assert ckpt.manifest == "M" and stop.manifest == "M" and built[7].cfg == "C"
+
+    # without a router its two callbacks are left out; null leaves one out; your own comes last
+    # and gets the runtime input it takes by name, its own settings from its node
+    asked.clear()
+    cfg = compose_job(
+        ["experiment=grpo", f"run_dir={run}", "callbacks.progress_bar=null",
+         f"+callbacks.mine._target_={__name__}._NeedsManifest", "+callbacks.mine.tag=y"]
+    )  # fmt: skip
+    built = build_callbacks(cfg, runtime(manifest="M", families="F", pad_id=0, replay=None, cfg="C"))
+    names = [type(cb).__name__ for cb in built]
+    assert "RouteConfusionLogger" not in names and "HeldOutRoutingLogger" not in names
+    assert "StepProgressBar" not in names and names[-1] == "_NeedsManifest"
+    assert (built[-1].manifest, built[-1].tag) == ("M", "y")
+    assert "families" not in asked  # a runtime input nobody takes is never made
+
+    # the SFT fit's, the same way: its signal stop saves where the fit says
+    cfg = compose_job(["experiment=sft", f"run_dir={run}", "sft.log_every=5"])
+    bar, progress, stop = build_callbacks(cfg, runtime(save_to=run / "sft.ckpt"), group="sft_callbacks")
+    assert isinstance(bar, StepProgressBar) and progress.every == 5
+    assert isinstance(stop, StopOnSignal) and stop.save_to == run / "sft.ckpt"
+
+
+def test_a_callback_without_a_target_is_a_config_error():
+    from src.config.validate import ConfigError, validate
+
+    cfg = compose_job(["experiment=grpo", "+callbacks.mine.tag=y"])
+    with pytest.raises(ConfigError, match=r"callbacks\.mine: no _target_"):
+        validate(cfg)
