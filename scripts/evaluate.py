@@ -212,7 +212,7 @@ def main_sweep(args: argparse.Namespace) -> int:
     table = pd.concat(points, ignore_index=True).sort_values(["budget", "policy"])
     table.to_csv(out / "sweep_frontier.csv", index=False)
     (out / "frontier.png").write_bytes(png_bytes(plot_frontier(table)))
-    cols = ["budget", "policy", "reward", "reward_lo", "reward_hi", "cost", "learned_tool_rate"]
+    cols = ["budget", "policy", "reward", "reward_lo", "reward_hi", "cost", "learned_tool_rate", "gain_share"]
     print(markdown_table(table[cols].round(3)), flush=True)
     return 0
 

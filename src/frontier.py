@@ -14,6 +14,12 @@ bootstrap resamples prompts only:
                      probability q (family at random), else ANSWER
     oracle           the weak label's route at the same tool rate: labelled tool prompts get
                      their family with probability min(1, q·N / #labelled), the rest ANSWER
+    best             the best allocation at the same tool rate from the measured rewards: the
+                     round(q·N) prompts whose better tool route gains most over ANSWER (a gain
+                     > 0 only) take that route, the rest ANSWER
+
+``gain_share``: the share of ``best``'s reward gain over always-answer that the learned router
+reaches, (learned − always_answer) / (best − always_answer).
 """
 
 from __future__ import annotations
@@ -21,10 +27,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-__all__ = ["POLICIES", "bootstrap_mean_ci", "frontier_points", "plot_frontier", "policy_values"]
+__all__ = ["POLICIES", "bootstrap_mean_ci", "frontier_points", "gain_share", "plot_frontier", "policy_values"]
 
 ROUTES = ("answer", "search", "calculate")
-POLICIES = ("learned", "matched_random", "always_answer", "always_tool", "oracle")
+POLICIES = ("learned", "matched_random", "always_answer", "always_tool", "oracle", "best")
 _FAMILY = {"SEARCH": "search", "CALCULATE": "calculate"}
 
 
@@ -44,6 +50,8 @@ def policy_values(table: pd.DataFrame, policy: str) -> tuple[np.ndarray, np.ndar
     col = {k: {r: table[f"{k}_{r}"].to_numpy(float) for r in ROUTES} for k in ("reward", "cost")}
     n = len(table)
     q = float((table["learned_route"] != "answer").mean()) if n else 0.0
+    if policy == "best":
+        return _best_allocation(col, round(q * n))
     out = []
     for k in ("reward", "cost"):
         c = col[k]
@@ -69,6 +77,28 @@ def policy_values(table: pd.DataFrame, policy: str) -> tuple[np.ndarray, np.ndar
             raise ValueError(f"unknown policy {policy!r}; expected one of {POLICIES}")
         out.append(np.asarray(value, float))
     return out[0], out[1]
+
+
+def _best_allocation(col: dict, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ``k`` prompts whose better tool route gains most over ANSWER (ties: the earlier prompt;
+    gains <= 0 never) take that route: per-prompt (reward [N], cost [N])."""
+    reward, cost = col["reward"], col["cost"]
+    calc_better = reward["calculate"] > reward["search"]
+    tool_reward = np.where(calc_better, reward["calculate"], reward["search"])
+    tool_cost = np.where(calc_better, cost["calculate"], cost["search"])
+    gain = tool_reward - reward["answer"]
+    chosen = np.zeros(len(gain), bool)
+    chosen[np.argsort(-gain, kind="stable")[:k]] = True
+    chosen &= gain > 0
+    return np.where(chosen, tool_reward, reward["answer"]), np.where(chosen, tool_cost, cost["answer"])
+
+
+def gain_share(points: pd.DataFrame) -> float:
+    """points: ``frontier_points`` of one table -> (learned − always_answer) / (best −
+    always_answer) of the mean rewards (NaN when the best allocation gains nothing)."""
+    r = points.set_index("policy")["reward"]
+    gain = r["best"] - r["always_answer"]
+    return float((r["learned"] - r["always_answer"]) / gain) if gain > 0 else float("nan")
 
 
 def bootstrap_mean_ci(
@@ -106,6 +136,7 @@ def frontier_points(table: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> p
     out = pd.DataFrame(rows)
     out["n_prompts"] = len(table)
     out["learned_tool_rate"] = float((table["learned_route"] != "answer").mean()) if len(table) else np.nan
+    out["gain_share"] = gain_share(out)
     return out
 
 
@@ -120,6 +151,7 @@ def plot_frontier(points: pd.DataFrame):
         "learned": ("tab:blue", "o", "learned router"),
         "matched_random": ("tab:orange", "s", "matched random (same tool rate)"),
         "oracle": ("tab:green", "^", "weak-label oracle (same tool rate)"),
+        "best": ("tab:red", "v", "best allocation by measured reward (same tool rate)"),
     }
     for policy, (color, marker, label) in style.items():
         part = points[points["policy"] == policy].sort_values("cost")
@@ -134,7 +166,7 @@ def plot_frontier(points: pd.DataFrame):
             marker=marker,
             capsize=3,
             label=label,
-            linestyle="-" if policy != "oracle" else ":",
+            linestyle="-" if policy not in ("oracle", "best") else ":",
         )
     for policy, marker in (("always_answer", "x"), ("always_tool", "+")):
         part = points[points["policy"] == policy]

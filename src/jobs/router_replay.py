@@ -170,7 +170,7 @@ def replay(
     return {
         "cost_last50": float(np.mean([t[0] for t in last])),
         **{k: float(v) for k, v in settling.items() if k in ("cost_last100", "lambda_cv", "settled")},
-        "window_max_dev": max(abs(w - cfg.budget) for w in settling["cost_windows"]),
+        "window_max_dev": max((abs(w - cfg.budget) for w in settling["cost_windows"]), default=np.nan),
         "settling_step": _nan(settling["settling_step"]),
         "lambda_min": min(t[1] for t in last),
         "lambda_max": max(t[1] for t in last),

@@ -8,7 +8,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from src.frontier import POLICIES, bootstrap_mean_ci, frontier_points, policy_values
+import itertools
+
+from src.frontier import POLICIES, bootstrap_mean_ci, frontier_points, gain_share, policy_values
 
 ROUTES = ("answer", "search", "calculate")
 
@@ -42,6 +44,8 @@ def _reference(table: pd.DataFrame, policy: str, key: str) -> list[float]:
             out.append(0.5 * s + 0.5 * c)
         elif policy == "matched_random":
             out.append((1 - q) * ans + q * 0.5 * (s + c))
+        elif policy == "best":  # checked against every allocation by test_best_is_the_best_allocation
+            return list(policy_values(table, "best")[0 if key == "reward" else 1])
         else:  # oracle at the learned tool rate
             label = r["weak_label"]
             own = s if label == "SEARCH" else c if label == "CALCULATE" else None
@@ -86,3 +90,36 @@ def test_bad_tables_are_named():
     table.loc[0, "learned_route"] = "web"
     with pytest.raises(ValueError, match="unknown learned_route"):
         policy_values(table, "learned")
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_best_is_the_best_allocation(seed):
+    """Every way of sending at most round(q·N) prompts to one of their tool routes (the rest
+    ANSWER): none earns more than ``best``, which uses at most that many tool routes."""
+    table = _table(seed, n=7)
+    q = (table["learned_route"] != "answer").mean()
+    k = round(q * len(table))
+    rows = table.to_dict("records")
+    top = -np.inf
+    for choice in itertools.product(ROUTES, repeat=len(rows)):
+        if sum(c != "answer" for c in choice) <= k:
+            top = max(top, sum(r[f"reward_{c}"] for r, c in zip(rows, choice, strict=True)))
+    reward, _ = policy_values(table, "best")
+    assert reward.sum() == pytest.approx(top)
+    assert reward.sum() >= policy_values(table, "learned")[0].sum() - 1e-9
+
+
+def test_gain_share_reads_the_learned_routers_share_of_the_best_gain():
+    table = _table(3, n=40)
+    points = frontier_points(table, n_boot=10)
+    r = points.set_index("policy")["reward"]
+    assert points["gain_share"].iloc[0] == pytest.approx(
+        (r["learned"] - r["always_answer"]) / (r["best"] - r["always_answer"])
+    )
+    # a router that routes as the best allocation reaches all of its gain
+    best_routes = []
+    for row in table.to_dict("records"):
+        tool = "calculate" if row["reward_calculate"] > row["reward_search"] else "search"
+        best_routes.append(tool if row[f"reward_{tool}"] > row["reward_answer"] else "answer")
+    table["learned_route"] = best_routes
+    assert gain_share(frontier_points(table, n_boot=10)) == pytest.approx(1.0)

@@ -76,7 +76,7 @@ def test_eta_is_the_mean_rate_times_the_steps_left():
 
 def test_sft_progress_is_logged_with_step_loss_and_eta(tmp_path, caplog, tiny_model_dir):
     import torch
-    from omegaconf import OmegaConf
+    from src.config.job import compose_job
 
     from src.jobs.sft import train_on_examples
     from src.models.loading import load_causal_lm, load_tokenizer
@@ -84,14 +84,10 @@ def test_sft_progress_is_logged_with_step_loss_and_eta(tmp_path, caplog, tiny_mo
     tok, model = load_tokenizer(tiny_model_dir), load_causal_lm(tiny_model_dir)
     ids = tok("<think> hi </think>")["input_ids"]
     examples = [{"input_ids": ids, "labels": ids} for _ in range(8)]
-    cfg = OmegaConf.create(
-        {
-            "seed": 0,
-            "run_dir": str(tmp_path),
-            "trainer": {"accelerator": "cpu", "precision": "32-true"},
-            "sft": {"max_steps": 4, "batch_size": 4, "lr": 1e-3, "log_every": 2, "seed": None},
-        }
-    )
+    cfg = compose_job(
+        ["experiment=sft", f"run_dir={tmp_path}", "sft.max_steps=4", "sft.batch_size=4", "sft.lr=1e-3",
+         "sft.log_every=2"]
+    )  # fmt: skip
     torch.manual_seed(0)
     with caplog.at_level(logging.INFO, logger="src.callbacks.progress"):
         train_on_examples(cfg, model, tok, examples, None)

@@ -44,14 +44,11 @@ def _fit(tiny_model_dir, tmp_path, run_seed: int, seed: int | None) -> dict[str,
     tok, model = load_tokenizer(tiny_model_dir), load_causal_lm(tiny_model_dir)
     texts = ["hello there", "what is 2 + 2", "look up the weather", "a short poem", "convert 3 km"]
     examples = [{"input_ids": ids, "labels": ids} for ids in (tok(t)["input_ids"] for t in texts * 2)]
-    cfg = OmegaConf.create(
-        {
-            "seed": run_seed,
-            "run_dir": str(tmp_path / f"r{run_seed}-{seed}"),
-            "trainer": {"accelerator": "cpu", "precision": "32-true"},
-            "sft": {"max_steps": 3, "batch_size": 2, "lr": 1e-2, "log_every": 10, "seed": seed},
-        }
-    )
+    cfg = compose_job(
+        ["experiment=sft", f"seed={run_seed}", f"run_dir={tmp_path / f'r{run_seed}-{seed}'}",
+         "sft.max_steps=3", "sft.batch_size=2", "sft.lr=1e-2", "sft.log_every=10",
+         f"sft.seed={'null' if seed is None else seed}"]
+    )  # fmt: skip
     torch.manual_seed(0)
     train_on_examples(cfg, model, tok, examples, None)
     return {k: v.detach().clone() for k, v in model.state_dict().items()}

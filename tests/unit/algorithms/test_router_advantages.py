@@ -132,6 +132,19 @@ def test_standardising_the_scalarized_reward_is_not_the_scalarized_advantage():
         torch.testing.assert_close(got, torch.tensor(combined))
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_without_the_std_division_the_two_constructions_coincide(seed):
+    """(r − λc) − mean_g(r − λc) = (r − mean_g r) − λ(c − mean_g c): with ``norm_adv_by_std: false``
+    (the router demo's setting) the constructions differ by rounding only, so Constrained GRPO's
+    warning (each term weighed by its spread over the combined spread) needs the std division."""
+    task, cost, lam, uids = _batch(seed)
+    a = scalarized_reward(task, cost, lam, uids, False, EPS)
+    b = scalarized_advantage(task, cost, lam, uids, False, EPS)
+    torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+    a, b = (fn(task, cost, lam, uids, True, EPS) for fn in (scalarized_reward, scalarized_advantage))
+    assert (a - b).abs().max() > 0.05
+
+
 @pytest.mark.parametrize("norm_by_std", [True, False])
 def test_a_component_that_does_not_vary_in_a_group_contributes_exactly_zero(norm_by_std):
     # group a: r_task constant at a value its float32 group mean misses (0.9·3 / 3 != 0.9), cost
