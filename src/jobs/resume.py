@@ -208,6 +208,8 @@ def changed_keys(manifest: Path, config: dict) -> str:
     except (OSError, yaml.YAMLError, AttributeError):
         return ""
     then, now = _leaves(recorded), _leaves(config)
+    # a run moved or copied: paths under its run_dir (the callbacks' ${run_dir}/...) move with it
+    then, now = _under_run_dir(then, recorded.get("run_dir")), _under_run_dir(now, config.get("run_dir"))
     bookkeeping = {"resume", "run_dir", "trainer.max_steps"}
     diffs = [
         f"{k}: {then.get(k)!r} -> {now.get(k)!r}"
@@ -215,6 +217,19 @@ def changed_keys(manifest: Path, config: dict) -> str:
         if k not in bookkeeping and then.get(k) != now.get(k)
     ]
     return f"; changed: {', '.join(diffs[:4])}" if diffs else ""
+
+
+def _under_run_dir(leaves: dict[str, Any], run_dir: Any) -> dict[str, Any]:
+    """``leaves`` with string values under ``run_dir`` written relative to it (``${run_dir}/...``)."""
+    if not isinstance(run_dir, str) or not run_dir:
+        return leaves
+    root = run_dir.rstrip("/")
+
+    def relative(v: Any) -> Any:
+        inside = isinstance(v, str) and (v == root or v.startswith(root + "/"))
+        return "${run_dir}" + v[len(root) :] if inside else v
+
+    return {k: relative(v) for k, v in leaves.items()}
 
 
 def _leaves(node: Any, prefix: str = "") -> dict[str, Any]:
