@@ -137,7 +137,9 @@ def ours_command(args, s: dict, engine: str, run_dir: Path) -> list[str]:
         cmd += [f"rollout.engines.hf.decode={args.hf_decode}", "rollout.engines.hf.cuda_graph=false"]
     if "rollout.engines.hf.decode=generate" in cmd:  # HF generate draws every row from one stream
         cmd += ["rollout.keyed_draws=false"]
-    return cmd
+    if args.profile:  # benchmark.py's torch.profiler of one step, a folder per run
+        cmd.insert(2, f"--profile={args.profile / run_dir.name}")
+    return cmd + args.ours_extra.split()
 
 
 def time_v(stderr: str) -> dict:
@@ -190,6 +192,7 @@ def run_one(args, side: str, s: dict, round_no: int, n_params: int) -> dict:
     row = {"tag": tag, "side": side, **s, "round": round_no, "allocator": args.allocator, "rc": proc.returncode,
            "load1_before": load, "load1_after": os.getloadavg()[0], "matmul_gflops_before": probe,
            "device": args.device, "dtype": args.dtype, "model": args.model, "date": time.strftime("%Y-%m-%d %H:%M"),
+           "ours_extra": "" if side == "trl" else args.ours_extra,
            **(time_v(proc.stderr) if timed else rusage_delta(before))}  # fmt: skip
     if side == "trl" and out:
         prompt = statistics.mean(out["prompt_tokens_mean_per_step"])
@@ -208,6 +211,11 @@ def run_one(args, side: str, s: dict, round_no: int, n_params: int) -> dict:
     return row
 
 
+def _label(row: dict) -> str:
+    """The side of a row, with the overrides ours ran under (``--ours-extra``) where there were any."""
+    return " ".join(filter(None, (row["side"], row.get("ours_extra"))))
+
+
 def summary(rows: list[dict], settings: list[dict], max_cs: int) -> str:
     """A markdown table: per setting and side, medians over the clean runs."""
     head = ("| setting | side | runs | s/step (each run) | ours / TRL rate | generation s | start-up s "
@@ -217,8 +225,8 @@ def summary(rows: list[dict], settings: list[dict], max_cs: int) -> str:
         sel = [r for r in rows if all(r.get(k) == s[k] for k in "PGT") and "s_per_step" in r]
         clean = [r for r in sel if r.get("involuntary_cs", 0) <= max_cs and r["rc"] == 0]
         trl = [r["s_per_step"] for r in clean if r["side"] == "trl"]
-        for side in sorted({r["side"] for r in clean}, key=lambda x: x != "trl"):
-            rs = [r for r in clean if r["side"] == side]
+        for side in sorted({_label(r) for r in clean}, key=lambda x: x != "trl"):
+            rs = [r for r in clean if _label(r) == side]
             med = statistics.median(r["s_per_step"] for r in rs)
             ratio = f"{statistics.median(trl) / med:.2f}×" if trl and side != "trl" else ""
             lines.append(
@@ -262,6 +270,10 @@ def parse_args(argv: list[str]):
     ap.add_argument("--hf-decode", default="lean", choices=["lean", "loop", "generate"])
     ap.add_argument("--vllm-kv-gib", type=float, default=1.0)
     ap.add_argument("--no-trl", action="store_true", help="ours only (e.g. engine A/B under one load)")
+    ap.add_argument("--ours-extra", default="", help="overrides added to ours' runs (space-separated)")
+    ap.add_argument(
+        "--profile", type=Path, default=None, help="profile one step of ours' runs into this folder"
+    )
     ap.add_argument("--max-involuntary-cs", type=int, default=20000)
     ap.add_argument("--out", type=Path, default=None)
     return ap.parse_args(argv)

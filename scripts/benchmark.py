@@ -6,6 +6,12 @@ peak memory and MFU against the device's measured matmul rate.
 Prints one JSON line (append it to docs/benchmarks.md with date, device and commit). The first
 step is treated as warm-up and left out of the averages.
 
+    python scripts/benchmark.py --profile=DIR [--profile-step=3] experiment=... [overrides]
+
+also profiles one step (torch.profiler): its rollout and its actor update each get a kernel table
+(``DIR/<part>_kernels.txt``, by self device time), a trace (``DIR/<part>_trace.json.gz``) and a
+line in ``DIR/profile.json`` (wall seconds, device-busy seconds, kernel launches).
+
 Besides the logged ``timing/*`` scalars (generation + scoring + training), the script clocks the
 pipeline's own calls: ``wall_s_per_step`` spans a step from its rollout to the end of its weight
 sync (everything a step costs, the push to a vLLM engine included: the figure to compare with a
@@ -16,6 +22,7 @@ to the first step.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import resource
@@ -94,6 +101,67 @@ class PipelineClock:
         }
 
 
+class StepProfiler:
+    """torch.profiler over one step's rollout (``pipeline_rollout``) and actor update
+    (``_actor_updates``) apart, each synchronised at both ends so its wall time is its own."""
+
+    PARTS = (("rollout", "pipeline_rollout"), ("actor", "_actor_updates"))
+
+    def __init__(self, out: Path, step: int):
+        self.out, self.step, self.summary = out, step, {}
+        out.mkdir(parents=True, exist_ok=True)
+
+    @contextmanager
+    def watching(self, module_cls):
+        original = {part: getattr(module_cls, name) for part, name in self.PARTS}
+        for part, name in self.PARTS:
+            setattr(module_cls, name, self._wrapped(part, original[part]))
+        try:
+            yield self
+        finally:
+            for part, name in self.PARTS:
+                setattr(module_cls, name, original[part])
+            (self.out / "profile.json").write_text(json.dumps(self.summary, indent=1) + "\n")
+
+    def _wrapped(self, part: str, fn):
+        profiler = self
+
+        def run(module, *a, **kw):
+            if module.global_step != profiler.step:
+                return fn(module, *a, **kw)
+            return profiler._profile(part, fn, module, *a, **kw)
+
+        return run
+
+    def _profile(self, part: str, fn, *a, **kw):
+        from torch.autograd import DeviceType
+        from torch.profiler import ProfilerActivity, profile
+
+        cuda = torch.cuda.is_available()
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        sync = torch.cuda.synchronize if cuda else (lambda: None)
+        sync()
+        t0 = time.perf_counter()
+        with profile(activities=activities) as prof:
+            out = fn(*a, **kw)
+            sync()
+        wall = time.perf_counter() - t0
+        kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+        sort = "self_cuda_time_total" if cuda else "self_cpu_time_total"
+        (self.out / f"{part}_kernels.txt").write_text(
+            prof.key_averages().table(sort_by=sort, row_limit=60, max_name_column_width=90)
+        )
+        prof.export_chrome_trace(str(self.out / f"{part}_trace.json"))
+        subprocess.run(["gzip", "-f", str(self.out / f"{part}_trace.json")], check=False)
+        self.summary[part] = {
+            "step": self.step,
+            "wall_s": wall,
+            "device_busy_s": sum(e.self_device_time_total for e in kernels) / 1e6,
+            "kernel_launches": len(kernels),
+        }
+        return out
+
+
 def step_model_flops(n_params: int, tokens: float, gen_tokens: float, cfg) -> float:
     """FLOPs the step needs (MFU's numerator), not the FLOPs a naive implementation spends.
 
@@ -134,12 +202,22 @@ def split_run_dir(overrides: list[str]) -> tuple[str, list[str]]:
     return (given[-1] if given else tempfile.mkdtemp(prefix="toolrouter-bench-")), rest
 
 
-def main(overrides: list[str]) -> dict:
+def split_profile(args: list[str]) -> tuple[Path | None, int, list[str]]:
+    """(``--profile=DIR`` or None, ``--profile-step=N`` (3), the overrides)."""
+    flags = {a.split("=", 1)[0]: a.split("=", 1)[1] for a in args if a.startswith("--profile")}
+    rest = [a for a in args if not a.startswith("--profile")]
+    out = Path(flags["--profile"]) if "--profile" in flags else None
+    return out, int(flags.get("--profile-step", 3)), rest
+
+
+def main(args: list[str]) -> dict:
     from src.config.job import compose_job
     from src.jobs.train import train
+    from src.models.module import ToolRouterModule
     from src.rollout.pipeline import RolloutPipeline
 
     repo = Path(__file__).resolve().parents[1]
+    profile_dir, profile_step, overrides = split_profile(args)
     run_dir, overrides = split_run_dir(overrides)
     cfg = compose_job(
         [f"cache_dir={repo / '.cache' / 'toolrouter'}", "name=benchmark", *overrides, f"run_dir={run_dir}"]
@@ -149,7 +227,9 @@ def main(overrides: list[str]) -> dict:
     )
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    with PipelineClock().watching(RolloutPipeline) as clock:
+    profiler = StepProfiler(profile_dir, profile_step) if profile_dir else None
+    profiling = profiler.watching(ToolRouterModule) if profiler else contextlib.nullcontext()
+    with PipelineClock().watching(RolloutPipeline) as clock, profiling:
         _, objects = train(cfg)
     result = summarise(cfg, objects["module"], run_dir, device, clock.summary())
     result["overrides"] = overrides

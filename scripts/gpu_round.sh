@@ -6,9 +6,11 @@
 #      (tests/unit/rollout/engines/test_hf_graph.py, test_hf_compile.py, marker gpu);
 #   3. the ~0.37 B setting of ../shared/bench/README.md (P8 G8 T256, bf16) side by side with TRL:
 #      TRL, ours as CUDA graphs (hfgraph, the default on a GPU), ours compiled + graphed (hfcompile);
-#   4. the gpu-marked job tests (bf16 on one GPU; FSDP2, ZeRO-2, ZeRO-3 with checkpoint + resume);
-#   5. the main job's steps (scripts/benchmark.py experiment=router_grpo on the GPU, bf16);
-#   6. a second side-by-side round, in the other order, where time is left.
+#   4. one step of ours (hfcompile) profiled: its rollout and actor update apart (kernel tables and
+#      traces; scripts/benchmark.py --profile);
+#   5. the gpu-marked job tests (bf16 on one GPU; FSDP2, ZeRO-2, ZeRO-3 with checkpoint + resume);
+#   6. the main job's steps (scripts/benchmark.py experiment=router_grpo on the GPU, bf16);
+#   7. a second side-by-side round, in the other order, where time is left.
 #
 #   scripts/gpu_round.sh OUT SHARE [WHEELS] [DEADLINE_S]
 # SHARE holds bench/ (a copy of ../shared/bench) and data/rlla_4k/test.parquet +
@@ -50,33 +52,41 @@ cd "$REPO"
 timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/unit/rollout/engines/test_hf_graph.py \
   tests/unit/rollout/engines/test_hf_compile.py 2>&1 | tail -15 | tee "$OUT/decode_tests.log"
 
-side_by_side() {  # $1 = our engines (TRL runs first)
+side_by_side() {  # $1 = our engines (TRL runs first), then bench_side_by_side.py's own flags
   timeout "$(left)" python3 scripts/bench_side_by_side.py --work $W --model q05b --device cuda --settings P8G8T256 \
     --engines "$1" --rounds 1 --steps 6 --allocator default --trl-python python3 --peer "$SHARE/bench/peers/trl_grpo.py" \
-    --out "$OUT/side_by_side.jsonl" 2>&1 | grep -v '^{' | tail -8
+    --out "$OUT/side_by_side.jsonl" "${@:2}" 2>&1 | grep -v '^{' | tail -8
 }
 part "3. 0.37 B side by side, round 1 ($(left) s left)"
 side_by_side hfgraph,hfcompile
 
+if [ "$(left)" -gt 150 ]; then
+  part "4. one step of ours profiled ($(left) s left)"
+  side_by_side hfcompile --no-trl --steps 5 --profile $W/profile --out $W/profiled_runs.jsonl
+  cat $W/profile/*/profile.json
+fi
+
 if [ "$(left)" -gt 200 ]; then
-  part "4. gpu job tests ($(left) s left)"
+  part "5. gpu job tests ($(left) s left)"
   timeout $(($(left) - 90)) python3 -m pytest -v -m gpu -p no:cacheprovider tests/e2e/jobs/test_gpu_jobs.py 2>&1 | tail -40 > "$OUT/gpu_job_tests.log"
   tail -5 "$OUT/gpu_job_tests.log"
 fi
 
 if [ "$(left)" -gt 80 ]; then
-  part "5. main job steps on the GPU ($(left) s left)"
+  part "6. main job steps on the GPU ($(left) s left)"
   timeout $(($(left) - 10)) python3 scripts/benchmark.py experiment=router_grpo trainer.accelerator=gpu \
     trainer.precision=bf16-mixed model.dtype=bfloat16 trainer.max_steps=6 trainer.threads=null \
     > "$OUT/main_job.log" 2>&1
-  grep '^{' "$OUT/main_job.log" | tail -1 > "$OUT/main_job.json"; tail -c 600 "$OUT/main_job.json"; echo
+  grep '^{' "$OUT/main_job.log" | tail -1 | tail -c 600; echo
 fi
 
 if [ "$(left)" -gt 150 ]; then
-  part "6. 0.37 B side by side, round 2 ($(left) s left)"
+  part "7. 0.37 B side by side, round 2 ($(left) s left)"
   side_by_side hfcompile,hfgraph
 fi
 part "done"
-# the runs' logs only: their run folders hold checkpoints of the 0.37 B model (GBs; taring them
-# outran the first call's limit on 2026-11-25)
-(cd $W && find side_by_side_logs -maxdepth 1 -name '*.log' -print0 | tar czf "$OUT/side_by_side_logs.tgz" --null -T -)
+# the runs' logs and the profile only: their run folders hold checkpoints of the 0.37 B model (GBs;
+# taring them outran the first call's limit on 2026-11-25). One archive: a device call returns at
+# most 8 files.
+(cd $W && { find side_by_side_logs -maxdepth 1 -name '*.log'; find profile -type f -size -5M 2>/dev/null; ls profiled_runs.jsonl 2>/dev/null; } \
+  | tar czf "$OUT/logs.tgz" -T -)
