@@ -118,9 +118,12 @@ def ours_command(args, s: dict, engine: str, run_dir: Path) -> list[str]:
         f"trainer.max_steps={args.steps}", "trainer.save_freq=100000", "trainer.threads=null", f"run_dir={run_dir}",
     ]  # fmt: skip
     if args.device == "cuda":
-        # bf16 weights under bf16 autocast: what TRL's --dtype bfloat16 (its bf16 flag) runs
+        # bf16 weights under bf16 autocast: what TRL's --dtype bfloat16 (its bf16 flag) runs; the
+        # update in one micro-batch of all P * G completions, as the peer's
+        # per_device_train_batch_size (the job's default, 16, is sized for CPU memory)
         cmd += ["trainer.accelerator=gpu", f"model.dtype={args.dtype}",
-                "trainer.precision=" + ("bf16-mixed" if args.dtype == "bfloat16" else "32-true")]  # fmt: skip
+                "trainer.precision=" + ("bf16-mixed" if args.dtype == "bfloat16" else "32-true"),
+                f"algorithm.micro_batch_size={s['P'] * s['G']}"]  # fmt: skip
     if engine == "vllm":
         cmd += ["rollout=vllm", f"rollout.engines.vllm.kv_cache_memory_gib={args.vllm_kv_gib}",
                 "rollout.engines.vllm.max_model_len=1024"]  # fmt: skip

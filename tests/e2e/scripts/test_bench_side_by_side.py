@@ -81,7 +81,7 @@ def test_our_gpu_command_composes_a_bf16_gpu_job_with_the_engine_it_names(tmp_pa
     """Our side of a CUDA comparison: bf16 weights under bf16 autocast on the GPU, the HF engine
     eager (``hf``), as CUDA graphs (``hfgraph``), compiled with its sampler and captured
     (``hfcompile``, prompt widths bucketed so one compile serves every step) or HF generate
-    (``hfgen``); the overrides compose."""
+    (``hfgen``), the update in one micro-batch as TRL's; the overrides compose."""
     from scripts.bench_side_by_side import ours_command, parse_args
     from src.config.job import compose_job
 
@@ -99,6 +99,7 @@ def test_our_gpu_command_composes_a_bf16_gpu_job_with_the_engine_it_names(tmp_pa
     assert (cfg.rollout.engines.hf.cuda_graph, cfg.rollout.engines.hf.decode) == (graph, decode)
     assert cfg.rollout.keyed_draws == (decode != "generate")  # HF generate has one stream (validate)
     assert (cfg.sampling.max_new_tokens, cfg.sampling.min_new_tokens) == (256, 256)
+    assert cfg.algorithm.micro_batch_size == 64  # one micro-batch of P * G, as TRL's peer
     compiled = engine == "hfcompile"
     assert (cfg.rollout.engines.hf.lean_compile, cfg.rollout.engines.hf.pad_to_multiple_of > 1) == (
         compiled,
@@ -119,3 +120,21 @@ def test_rusage_delta_counts_only_the_children_finished_since():
     assert set(delta) == {"involuntary_cs", "voluntary_cs", "minor_faults"}
     assert delta["minor_faults"] > (64 << 20) // 4096 // 2  # the child touched 64 MiB
     assert min(delta.values()) >= 0
+
+
+def test_extra_overrides_and_the_profile_folder_reach_ours_and_label_its_rows(tmp_path):
+    """``--ours-extra`` ends our command (the last override wins), ``--profile`` gives each run its
+    own folder, and the summary keeps runs under other overrides apart."""
+    from scripts.bench_side_by_side import ours_command, parse_args, summary
+
+    args = parse_args(["--work", str(tmp_path), "--ours-extra", "algorithm.micro_batch_size=4 a.b=1",
+                       "--profile", str(tmp_path / "prof")])  # fmt: skip
+    args.dtype = "float32"
+    cmd = ours_command(args, parse_setting("P2G2T8"), "hf", tmp_path / "run7")
+    assert cmd[-2:] == ["algorithm.micro_batch_size=4", "a.b=1"]
+    assert f"--profile={tmp_path / 'prof' / 'run7'}" in cmd[2:3]
+    row = {"P": 2, "G": 2, "T": 8, "rc": 0, "s_per_step": 1.0, "generation_s": 0.5, "startup_s": 1.0,
+           "weight_sync_s": 0.0, "flop_share": 0.1}  # fmt: skip
+    rows = [{**row, "side": "ours-hf", "ours_extra": ""}, {**row, "side": "ours-hf", "ours_extra": "a.b=1"}]
+    table = summary(rows, [parse_setting("P2G2T8")], max_cs=10)
+    assert "| ours-hf | 1 |" in table and "| ours-hf a.b=1 | 1 |" in table

@@ -19,13 +19,14 @@ PAD, EOS = 0, 1
 
 
 def _random_model(model_type: str, **extra):
-    """A random 2-layer model: GQA (4 query heads on 2 kv heads), every bias drawn non-zero."""
+    """A random 2-layer model: GQA (4 query heads on 2 kv heads), every bias drawn non-zero; ``extra``
+    config fields (e.g. vocab_size) replace the defaults."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     common = dict(
         vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=256, pad_token_id=PAD, eos_token_id=EOS, **extra,
-    )  # fmt: skip
+        num_key_value_heads=2, max_position_embeddings=256, pad_token_id=PAD, eos_token_id=EOS,
+    ) | extra  # fmt: skip
     torch.manual_seed(0)
     if model_type == "qwen2":  # q / k / v carry a bias, o_proj none
         model = Qwen2ForCausalLM(Qwen2Config(**common))
