@@ -1,10 +1,17 @@
-"""Helpers for tests that run scripts/train.py as a real subprocess."""
+"""Helpers for tests that run scripts/train.py: the real entry point, in this process or in its own."""
 
 from __future__ import annotations
 
+import contextlib
+import io
+import logging
 import os
+import runpy
+import signal
 import subprocess
 import sys
+import traceback
+import warnings
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -12,7 +19,10 @@ CACHE = REPO / ".cache" / "toolrouter"
 TESTS = Path(__file__).resolve().parent
 # the environment of the training processes the tests start: tests/ on the path, for the fault
 # injector (``+callbacks.fault._target_=faults.SignalAtStep``)
-TRAIN_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))}
+TRAIN_ENV = {
+    **os.environ,
+    "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")])),
+}
 # the short router_grpo run the session fixture trains (tiny SFT warm start)
 ROUTER_RUN_OVERRIDES = [
     "experiment=router_grpo",
@@ -30,12 +40,63 @@ def train_cmd(*overrides: str) -> list[str]:
     return [sys.executable, str(REPO / "scripts" / "train.py"), f"cache_dir={CACHE}", *overrides]
 
 
-def run_train(*overrides: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    proc = subprocess.run(
-        train_cmd(*overrides), cwd=REPO, capture_output=True, text=True, timeout=timeout, env=TRAIN_ENV
-    )
+# overrides whose command starts processes or devices of its own: such a command runs in a new interpreter
+_OWN_PROCESS = ("trainer.devices=", "trainer.strategy=", "trainer.accelerator=", "rollout=vllm")
+
+
+def run_train(*overrides: str, timeout: int = 600, own_process: bool = False) -> subprocess.CompletedProcess:
+    """``scripts/train.py cache_dir=<tests' cache> *overrides``, asserted to exit 0.
+
+    Runs in this process (``runpy`` of the script as ``__main__`` with its argv: the same preflight,
+    Hydra run directory, logging and exit codes; its output captured) unless ``own_process`` or an
+    override asks for ranks, devices or an engine of its own: a run then costs its own seconds, not
+    the ~7 s a new interpreter spends importing torch, Lightning and transformers. The kill and
+    signal tests start their own subprocesses (they must)."""
+    own_process = own_process or any(o.startswith(_OWN_PROCESS) for o in overrides)
+    proc = run_command(train_cmd(*overrides), timeout=timeout, own_process=own_process)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return proc
+
+
+def run_script(script: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    """``scripts/<script> *args`` in this process (as ``run_train``), asserted to exit 0."""
+    proc = run_command([sys.executable, str(REPO / "scripts" / script), *args], timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
+    return proc
+
+
+def run_command(cmd: list[str], timeout: int = 600, own_process: bool = False) -> subprocess.CompletedProcess:
+    """``[python, script, *args]``: in a new interpreter (``own_process``; ``timeout`` applies) or
+    run as ``__main__`` in this one; what a script changes process-wide there (argv, signal
+    handlers, the root logger, warning filters, torch's thread count) is put back."""
+    if own_process:
+        return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=TRAIN_ENV)
+    import torch
+
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    root, argv, threads = logging.getLogger(), sys.argv, torch.get_num_threads()
+    handlers, level = list(root.handlers), root.level
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    sys.argv = cmd[1:]
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), warnings.catch_warnings():
+            runpy.run_path(cmd[1], run_name="__main__")
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+    except Exception:  # noqa: BLE001 - as the interpreter would: the traceback on stderr, exit 1
+        err.write(traceback.format_exc())
+        code = 1
+    finally:
+        sys.argv = argv
+        for handler in root.handlers:
+            if handler not in handlers:
+                handler.close()
+        root.handlers[:] = handlers
+        root.setLevel(level)
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+        torch.set_num_threads(threads)
+    return subprocess.CompletedProcess(cmd, code, out.getvalue(), err.getvalue())
 
 
 def scalars(run_dir: Path, sub: str = "tensorboard") -> dict[str, list[tuple[int, float]]]:

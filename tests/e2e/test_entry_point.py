@@ -15,7 +15,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from jobhelpers import CACHE, REPO, TRAIN_ENV, run_train, train_cmd
+from jobhelpers import CACHE, REPO, TRAIN_ENV, run_command, run_train, train_cmd
 
 CASES = [
     ("router_grpo", "router.budgett=0.2", "router.budgett"),  # unknown key
@@ -164,9 +164,11 @@ def job_error(*overrides: str, wrap: list[str] | None = None) -> str:
     cmd = train_cmd(*overrides)
     if wrap:
         cmd = [*wrap[:-1], f"{wrap[-1]} exec {shlex.join(cmd)}"]
-    proc = subprocess.run(
-        cmd, cwd=REPO, capture_output=True, text=True, timeout=300, env=TRAIN_ENV, check=False
-    )
+        proc = subprocess.run(
+            cmd, cwd=REPO, capture_output=True, text=True, timeout=300, env=TRAIN_ENV, check=False
+        )
+    else:  # the script as __main__ in this process (jobhelpers.run_command): its exit code and stderr
+        proc = run_command(cmd)
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     # a library's progress bar (loading the model's weights, a real model's minutes) is no error line

@@ -8,9 +8,9 @@ below need."""
 from __future__ import annotations
 
 import math
-import subprocess
-import sys
 from pathlib import Path
+
+from jobhelpers import run_train
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -31,18 +31,13 @@ def scalars(run_dir: Path) -> dict[str, list[float]]:
 
 def test_rlvcr_experiment_runs_two_steps(tmp_path):
     run_dir = tmp_path / "run"
-    cmd = [
-        sys.executable,
-        "scripts/train.py",
+    run_train(
         "experiment=rlvcr",
         "trainer.max_steps=2",
         "sft.episodes=32",
         "sft.max_steps=250",
         f"run_dir={run_dir}",
-        f"cache_dir={REPO / '.cache' / 'toolrouter'}",
-    ]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    )
 
     s = scalars(run_dir)
     for k in range(1, 5):

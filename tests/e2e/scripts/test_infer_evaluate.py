@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import pandas as pd
 import pytest
 import torch
-from jobhelpers import REPO
+from jobhelpers import run_script
 from omegaconf import OmegaConf
 
 ROUTES = {"answer", "search", "calculate"}
@@ -27,16 +26,7 @@ def test_parquet(router_run):
 
 
 def _run(script: str, *args: str) -> subprocess.CompletedProcess:
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / script), *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
-    return proc
+    return run_script(script, *args)
 
 
 def test_infer_prompt_prints_route_prompt_response_and_tools(router_run):

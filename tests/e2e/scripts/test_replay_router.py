@@ -4,12 +4,11 @@ actor's route table, with the real head, loss and λ controller."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import pytest
 import torch
-from jobhelpers import REPO
+from jobhelpers import REPO, run_command
 
 from src.config.schema import RouterConfig
 from src.jobs.router_replay import ReplayTable, replay
@@ -73,7 +72,7 @@ def test_replay_script_on_a_real_run(run, tmp_path):
     and one JSON line per seed comes back."""
     cmd = [sys.executable, str(REPO / "scripts" / "replay_router.py"), "--run", str(run), "--limit", "8"]
     cmd += ["--seeds", "0,1", "--steps", "3", "router.budget=0.2"]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
+    proc = run_command(cmd)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [json.loads(line) for line in proc.stdout.splitlines()]
     assert [x["seed"] for x in lines] == [0, 1] and all("cost_last50" in x for x in lines)
@@ -194,5 +193,5 @@ def test_input_override_re_pools_from_the_base_models_embeddings(run, tmp_path):
 
     cmd = [sys.executable, str(REPO / "scripts" / "replay_router.py"), "--run", str(run), "--limit", "8"]
     cmd += ["--inputs-from", "warm_start", "router.input=base_embeddings"]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
+    proc = run_command(cmd)
     assert proc.returncode != 0 and "--inputs-from with router.pooling" in proc.stderr
