@@ -20,28 +20,25 @@ sys.exit(int(sys.argv[1]))
 """
 
 
+def _process_state() -> tuple:
+    root = logging.getLogger()
+    return (
+        signal.getsignal(signal.SIGTERM),
+        list(root.handlers),
+        root.level,
+        torch.get_num_threads(),
+        sys.argv,
+    )
+
+
 def test_exit_code_output_and_the_process_state_put_back(tmp_path):
     script = tmp_path / "script.py"
     script.write_text(SCRIPT)
-    root = logging.getLogger()
-    before = (
-        signal.getsignal(signal.SIGTERM),
-        list(root.handlers),
-        root.level,
-        torch.get_num_threads(),
-        sys.argv,
-    )
+    before = _process_state()
     proc = run_command([sys.executable, str(script), "3", "b"])
     assert proc.returncode == 3
     assert proc.stdout == "args ['3', 'b']\n" and "to stderr" in proc.stderr
-    after = (
-        signal.getsignal(signal.SIGTERM),
-        list(root.handlers),
-        root.level,
-        torch.get_num_threads(),
-        sys.argv,
-    )
-    assert after == before
+    assert _process_state() == before
 
 
 def test_an_uncaught_exception_is_exit_1_with_its_traceback(tmp_path):
