@@ -67,17 +67,21 @@ def run_script(script: str, *args: str, timeout: int = 600) -> subprocess.Comple
 
 def run_command(cmd: list[str], timeout: int = 600, own_process: bool = False) -> subprocess.CompletedProcess:
     """``[python, script, *args]``: in a new interpreter (``own_process``; ``timeout`` applies) or
-    run as ``__main__`` in this one; what a script changes process-wide there (argv, signal
-    handlers, the root logger, warning filters, torch's thread count) is put back."""
+    run as ``__main__`` in this one, from the repo root as the subprocess is; what a script changes
+    process-wide there (argv, the working directory, signal handlers, the root logger, warning
+    filters, torch's thread count) is put back."""
     if own_process:
-        return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=TRAIN_ENV)
+        return subprocess.run(
+            cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=TRAIN_ENV, check=False
+        )
     import torch
 
     out, err, code = io.StringIO(), io.StringIO(), 0
-    root, argv, threads = logging.getLogger(), sys.argv, torch.get_num_threads()
+    root, argv, threads, cwd = logging.getLogger(), sys.argv, torch.get_num_threads(), os.getcwd()
     handlers, level = list(root.handlers), root.level
     saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     sys.argv = cmd[1:]
+    os.chdir(REPO)
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), warnings.catch_warnings():
             runpy.run_path(cmd[1], run_name="__main__")
@@ -88,6 +92,7 @@ def run_command(cmd: list[str], timeout: int = 600, own_process: bool = False) -
         code = 1
     finally:
         sys.argv = argv
+        os.chdir(cwd)
         for handler in root.handlers:
             if handler not in handlers:
                 handler.close()

@@ -2,6 +2,7 @@
 a new interpreter would (exit code, stdout, stderr, a traceback) and put back what the script changed."""
 
 import logging
+import os
 import signal
 import sys
 
@@ -9,7 +10,8 @@ import torch
 from jobhelpers import run_command
 
 SCRIPT = """
-import logging, signal, sys, torch
+import logging, os, signal, sys, torch
+os.chdir("/")
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
 logging.getLogger().addHandler(logging.StreamHandler(sys.stderr))
 logging.getLogger().setLevel(logging.DEBUG)
@@ -28,6 +30,7 @@ def _process_state() -> tuple:
         root.level,
         torch.get_num_threads(),
         sys.argv,
+        os.getcwd(),
     )
 
 
