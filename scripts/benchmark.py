@@ -10,7 +10,8 @@ step is treated as warm-up and left out of the averages.
 
 also profiles one step (torch.profiler): its rollout and its actor update each get a kernel table
 (``DIR/<part>_kernels.txt``, by self device time), a trace (``DIR/<part>_trace.json.gz``) and a
-line in ``DIR/profile.json`` (wall seconds, device-busy seconds, kernel launches).
+line in ``DIR/profile.json`` (wall seconds, device-busy seconds, kernel launches). The profiler
+slows that step's host side (~3x on an H200), so take timings from a run without ``--profile``.
 
 Besides the logged ``timing/*`` scalars (generation + scoring + training), the script clocks the
 pipeline's own calls: ``wall_s_per_step`` spans a step from its rollout to the end of its weight
@@ -204,7 +205,9 @@ def split_run_dir(overrides: list[str]) -> tuple[str, list[str]]:
 
 def split_profile(args: list[str]) -> tuple[Path | None, int, list[str]]:
     """(``--profile=DIR`` or None, ``--profile-step=N`` (3), the overrides)."""
-    flags = {a.split("=", 1)[0]: a.split("=", 1)[1] for a in args if a.startswith("--profile")}
+    flags = {a.partition("=")[0]: a.partition("=")[2] for a in args if a.startswith("--profile")}
+    if "" in flags.values() or not set(flags) <= {"--profile", "--profile-step"}:
+        raise SystemExit(f"benchmark.py: give --profile=DIR and --profile-step=N, got {sorted(flags)}")
     rest = [a for a in args if not a.startswith("--profile")]
     out = Path(flags["--profile"]) if "--profile" in flags else None
     return out, int(flags.get("--profile-step", 3)), rest

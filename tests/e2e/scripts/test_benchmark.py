@@ -47,6 +47,8 @@ def test_the_step_profiler_profiles_only_its_step_and_restores_the_methods(tmp_p
 
     out, step, rest = split_profile(["--profile=" + str(tmp_path / "p"), "--profile-step=1", "a=1"])
     assert (out, step, rest) == (tmp_path / "p", 1, ["a=1"])
+    with pytest.raises(SystemExit, match="--profile=DIR"):
+        split_profile(["--profile", "a=1"])  # a flag without its value
 
     class Module:
         global_step = 0
