@@ -58,9 +58,9 @@ def run_train(*overrides: str, timeout: int = 600, own_process: bool = False) ->
     return proc
 
 
-def run_script(script: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+def run_script(script: str, *args: str) -> subprocess.CompletedProcess:
     """``scripts/<script> *args`` in this process (as ``run_train``), asserted to exit 0."""
-    proc = run_command([sys.executable, str(REPO / "scripts" / script), *args], timeout=timeout)
+    proc = run_command([sys.executable, str(REPO / "scripts" / script), *args])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
     return proc
 

@@ -12,8 +12,6 @@ from pathlib import Path
 
 from jobhelpers import run_train
 
-REPO = Path(__file__).resolve().parents[3]
-
 
 def scalars(run_dir: Path) -> dict[str, list[float]]:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

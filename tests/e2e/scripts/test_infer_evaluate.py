@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 
 import pandas as pd
 import pytest
@@ -25,12 +24,8 @@ def test_parquet(router_run):
     return data_files(OmegaConf.create(manifest["config"]))[1][0]
 
 
-def _run(script: str, *args: str) -> subprocess.CompletedProcess:
-    return run_script(script, *args)
-
-
 def test_infer_prompt_prints_route_prompt_response_and_tools(router_run):
-    out = _run("infer.py", "--run", str(router_run), "--prompt", "What is 12% of 250?").stdout
+    out = run_script("infer.py", "--run", str(router_run), "--prompt", "What is 12% of 250?").stdout
     route_line = next(line for line in out.splitlines() if line.startswith("[prompt] route:"))
     route = route_line.split("route:")[1].split()[0]
     assert route in ROUTES
@@ -44,7 +39,7 @@ def test_infer_prompt_prints_route_prompt_response_and_tools(router_run):
 
 
 def test_infer_parquet_json_with_forced_route(router_run, test_parquet):
-    out = _run(
+    out = run_script(
         "infer.py",
         "--ckpt",
         str(router_run / "checkpoints" / "last.ckpt"),
@@ -75,7 +70,7 @@ def test_infer_parquet_json_with_forced_route(router_run, test_parquet):
 
 def test_evaluate_routing_reports_shares_auc_and_a_budget_it_keeps(router_run, test_parquet, tmp_path):
     summary_path, rows_path = tmp_path / "routing.json", tmp_path / "routes.csv"
-    out = _run(
+    out = run_script(
         "evaluate.py", "--run", str(router_run), "--routing", test_parquet, "--budget", "0.25",
         "--summary", str(summary_path), "--out", str(rows_path),
     ).stdout  # fmt: skip
@@ -117,7 +112,7 @@ def test_evaluate_calibrates_on_the_calibration_split_and_prints_the_budgeted_me
     config = yaml.safe_load((router_run / "checkpoints" / "manifest.yaml").read_text())["config"]
     d = config["data"]
     calib = calibration_files(d["kind"], d["calib_files"], d["synthetic"], config["cache_dir"])[0]
-    out = _run("evaluate.py", "--run", str(router_run), "--routing", test_parquet, "--budget", "0.25",
+    out = run_script("evaluate.py", "--run", str(router_run), "--routing", test_parquet, "--budget", "0.25",
                "--calibrate", calib).stdout  # fmt: skip
     printed = json.loads(out.strip().splitlines()[-1])
     assert printed["calibration"]["calibrated_on"] == calib and printed["calibration"]["tool_rate"] <= 16 / 64
@@ -128,7 +123,7 @@ def test_evaluate_calibrates_on_the_calibration_split_and_prints_the_budgeted_me
 
 
 def test_infer_route_only_under_a_budget_keeps_it_on_held_out_prompts(router_run, test_parquet):
-    out = _run(
+    out = run_script(
         "infer.py", "--run", str(router_run), "--parquet", test_parquet, "--limit", "0", "--budget", "0.5",
         "--calibrate", test_parquet, "--route-only",
     ).stdout  # fmt: skip
@@ -140,7 +135,7 @@ def test_infer_route_only_under_a_budget_keeps_it_on_held_out_prompts(router_run
 
 def test_evaluate_summary_and_rows(router_run, test_parquet, tmp_path):
     rows_file = tmp_path / "rows.csv"
-    proc = _run(
+    proc = run_script(
         "evaluate.py",
         "--run",
         str(router_run),
