@@ -316,8 +316,10 @@ class TrainerConfig:
     log_every_n_steps: int = 1
     val_check_interval: Optional[int] = None  # validate every N steps (with limit_val_batches > 0)
     limit_val_batches: int = 0
-    # CPU threads per process (torch.set_num_threads at start). 1: bit-reproducible runs and exact
-    # resume (at 2+ threads two runs of one command differ in the last bits); null: torch's default
+    # CPU threads per process (torch.set_num_threads at start); null: torch's default (one per core).
+    # Runs are bit-reproducible and resume exactly at any fixed count, but a float's last bits depend
+    # on the count (reductions split by thread). 1: every recorded run's bits, and no oversubscribed
+    # cores when runs or tests share a machine (docs/benchmarks.md, "Threads")
     threads: Optional[int] = 1
 
 

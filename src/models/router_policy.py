@@ -15,6 +15,7 @@ import torch
 from src.algorithms.lagrange import component_advantage, router_advantage, sign_flip_fraction
 from src.algorithms.losses import ema_warmup_decay, linear_decay, router_loss
 from src.config.schema import RouterHeadConfig
+from src.models.shared_prefix import rows_of
 from src.rollout.batch import RouterRollout
 from src.router.head import RouterHead
 
@@ -121,7 +122,7 @@ class RouterPolicy(RouterHead):
         """prompt_logits [P, 3] (one row per prompt) -> (scalar loss, parts pg / entropy / ce /
         sign_flip_frac: the share of rows the cost term pushes against their task advantage)."""
         device = prompt_logits.device
-        logits = prompt_logits[rollout.prompt_index.to(device)]
+        logits = rows_of(prompt_logits, rollout.prompt_index.to(device))  # [N, 3]
         advantages = self.advantages(rollout, uids)
         loss, parts = router_loss(
             logits,

@@ -91,24 +91,40 @@ def can_share(model, groups: torch.Tensor, prompt_len: int, width: int) -> bool:
     return int(torch.unique(groups).numel()) < groups.shape[0]
 
 
+def rows_of(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``t[index]`` along dim 0 ([U, ...] -> [N, ...]) with a backward that gives the same bits
+    at any thread count's timing: ``index_select``'s backward (``index_add_``) sums a source row's
+    gradients in index order, where ``t[index]``'s accumulating ``index_put_`` splits repeated
+    indices across CPU threads in an order that varies from run to run (docs/benchmarks.md,
+    "Threads"). At one thread the two give the same bits."""
+    return torch.index_select(t, 0, index)
+
+
 def _spread_cache(cache, inverse: torch.Tensor) -> None:
     """Give each row its group's prompt keys / values: [U, ...] -> [N, ...] in every layer.
 
     Rows in equal runs per group (the minibatches sort by group; GRPO groups are equal) take a
-    broadcast, whose backward is a sum over the group's rows; otherwise an index
-    (``DynamicCache.batch_select_indices``), whose backward is an accumulating scatter (~5 ms per
-    layer and tensor at 4 prompts x 500 tokens on CPU).
+    broadcast, whose backward is a sum over the group's rows; otherwise a row select
+    (:func:`rows_of`), whose backward is an accumulating scatter (~5 ms per layer and tensor at 4
+    prompts x 500 tokens on CPU).
     """
     n_groups = int(inverse[-1]) + 1 if inverse.numel() else 0
     size = inverse.numel() // max(n_groups, 1)
     runs = torch.arange(n_groups, device=inverse.device).repeat_interleave(size)
-    if size * n_groups != inverse.numel() or not torch.equal(inverse, runs):
-        cache.batch_select_indices(inverse)
-        return
+    in_runs = size * n_groups == inverse.numel() and torch.equal(inverse, runs)
+    from transformers.cache_utils import DynamicLayer
+
     for layer in cache.layers:
+        if not in_runs and type(layer) is not DynamicLayer:
+            layer.batch_select_indices(inverse)  # a layer with per-row state beyond keys / values
+            continue
         for name in ("keys", "values"):
             t = getattr(layer, name)
-            setattr(layer, name, t[:, None].expand(t.shape[0], size, *t.shape[1:]).reshape(-1, *t.shape[1:]))
+            if in_runs:
+                t = t[:, None].expand(t.shape[0], size, *t.shape[1:]).reshape(-1, *t.shape[1:])
+            else:
+                t = rows_of(t, inverse)
+            setattr(layer, name, t)
 
 
 def shared_prompt_logit_pieces(
@@ -165,7 +181,7 @@ def shared_prompt_logit_pieces(
             "the model returned no usable KV cache: shared-prompt forward falls back to the plain one"
         )
         return [plain_response_logits(model, input_ids, attention_mask, position_ids, width)]
-    last_prompt = prompt.logits[:, -1:][inverse]  # [N, 1, V] predicts response token 0
+    last_prompt = rows_of(prompt.logits[:, -1:], inverse)  # [N, 1, V] predicts response token 0
     if width == 1:
         return [last_prompt]
     _spread_cache(cache, inverse)  # [U, ...] -> [N, ...], differentiable

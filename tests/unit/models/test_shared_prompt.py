@@ -215,7 +215,7 @@ def test_shared_forward_is_on_by_default():
 def test_equal_groups_in_runs_broadcast_the_prompt_cache(model, monkeypatch):
     """GRPO's case (groups of equal size, rows sorted by group as the minibatches sort them): the
     prompt cache is broadcast to the rows, not index-selected; same log-probs, entropies, gradients."""
-    from transformers.cache_utils import DynamicCache
+    import src.models.shared_prefix as shared_prefix
 
     g = torch.Generator().manual_seed(6)
     prompts = [torch.randint(5, model.config.vocab_size, (n,), generator=g) for n in (9, 4, 6)]
@@ -228,10 +228,12 @@ def test_equal_groups_in_runs_broadcast_the_prompt_cache(model, monkeypatch):
         ids[i, width_p:] = torch.randint(5, model.config.vocab_size, (width,), generator=g)
     groups = torch.arange(len(prompts)).repeat_interleave(size)
 
-    def refuse(*_):
-        raise AssertionError("equal groups in runs must not index-select the cache")
+    def refuse(t, _index):
+        if t.dim() == 4:  # a layer's keys / values [U, kv heads, P, d]
+            raise AssertionError("equal groups in runs must not index-select the cache")
+        return torch.index_select(t, 0, _index)
 
-    monkeypatch.setattr(DynamicCache, "batch_select_indices", refuse)
+    monkeypatch.setattr(shared_prefix, "rows_of", refuse)
     assert_same(model, ids, mask, groups, width, torch.full((len(ids),), 0.9))
 
 
@@ -316,3 +318,19 @@ def test_the_whole_prompt_pass_runs_where_trimming_does_not_apply():
     rows = last_layer_rows(qwen2)
     assert_same(qwen2, ids, mask, groups, 7, torch.full((len(ids),), 1.0))
     assert rows[1] == len(GROUP_SIZES) * 9  # the prompt pass's call: U x P rows
+
+
+def test_uneven_groups_give_one_gradient_at_two_threads(model):
+    """Groups of different sizes take the row-select spread of the prompt cache; its backward sums
+    each prompt's rows in index order, so twelve backwards at 2 threads give the same bits (the
+    plain ``t[index]`` left the order to the threads: two runs of one command differed)."""
+    ids, mask, groups = random_batch(model.config.vocab_size, lengths=[90, 60, 75, 45], shuffle=True)
+    width = 7
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        runs = [scores(model, ids, mask, groups, width, torch.ones(len(ids)), shared=True)[2] for _ in range(12)]
+    finally:
+        torch.set_num_threads(before)
+    for grads in runs[1:]:
+        assert all(torch.equal(grads[n], runs[0][n]) for n in runs[0])
