@@ -228,10 +228,10 @@ def test_equal_groups_in_runs_broadcast_the_prompt_cache(model, monkeypatch):
         ids[i, width_p:] = torch.randint(5, model.config.vocab_size, (width,), generator=g)
     groups = torch.arange(len(prompts)).repeat_interleave(size)
 
-    def refuse(t, _index):
+    def refuse(t, index):
         if t.dim() == 4:  # a layer's keys / values [U, kv heads, P, d]
             raise AssertionError("equal groups in runs must not index-select the cache")
-        return torch.index_select(t, 0, _index)
+        return torch.index_select(t, 0, index)
 
     monkeypatch.setattr(shared_prefix, "rows_of", refuse)
     assert_same(model, ids, mask, groups, width, torch.full((len(ids),), 0.9))
