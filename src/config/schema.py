@@ -317,8 +317,9 @@ class TrainerConfig:
     val_check_interval: Optional[int] = None  # validate every N steps (with limit_val_batches > 0)
     limit_val_batches: int = 0
     # CPU threads per process (torch.set_num_threads at start); null: torch's default (one per core).
-    # Runs are bit-reproducible and resume exactly at any fixed count, but a float's last bits depend
-    # on the count (reductions split by thread). 1: every recorded run's bits, and no oversubscribed
+    # A float's last bits depend on the count (reductions split by thread). The router job is
+    # bit-reproducible and resumes exactly at 2 threads too, its SFT warm start is reproducible there
+    # (measured; the other experiments only at 1). 1: every recorded run's bits, and no oversubscribed
     # cores when runs or tests share a machine (docs/benchmarks.md, "Threads")
     threads: Optional[int] = 1
 
