@@ -29,6 +29,7 @@ run on stdout, then a markdown table):
 Budget sweep frontier (route tables on held-out prompts, learned router vs baselines, per budget):
 
     python scripts/evaluate.py --sweep outputs/router_sweep/<stamp> --out-dir outputs/router_sweep/<stamp>
+    python scripts/evaluate.py --sweep <run or sweep> --samples 8   # expected rewards: 8 samples each
 """
 
 from __future__ import annotations
@@ -76,6 +77,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--summary", help="also write the summary JSON here")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument(
+        "--samples",
+        type=int,
+        default=0,
+        help="--sweep: each route's reward the mean of K sampled responses (at --temperature when > 0, "
+        "else the run's sampling.temperature); default 0 = one greedy response",
+    )
     p.add_argument("--max-new-tokens", type=int, help="default: the run's sampling.max_new_tokens")
     p.add_argument("--route", choices=["answer", "search", "calculate"], help="force one route for every row")
     p.add_argument("--sample-route", action="store_true", help="sample routes instead of the argmax")
@@ -88,6 +96,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--out must end in one of {ROW_FORMATS}, got {args.out}")
     if args.batch_size <= 0 or args.limit < 0:
         p.error("--batch-size must be positive and --limit non-negative")
+    if args.samples < 0 or (args.samples and not args.sweep):
+        p.error("--samples needs --sweep and a value >= 0")
     if args.model and not args.api_bank:
         p.error("--model works with --api-bank only (a plain model has no router)")
     if not (args.api_bank or args.sweep or args.budget_report or args.parquet or args.routing):
@@ -196,13 +206,18 @@ def main_sweep(args: argparse.Namespace) -> int:
     from src.analysis import png_bytes
     from src.frontier import frontier_points, plot_frontier
     from src.jobs.api_bank import markdown_table
-    from src.jobs.route_eval import find_sweep_runs, sweep_route_tables
+    from src.jobs.route_eval import ResponseDraws, find_sweep_runs, sweep_route_tables
 
     out = Path(args.out_dir or args.sweep)
     out.mkdir(parents=True, exist_ok=True)
     points = []
     for item in sweep_route_tables(
-        find_sweep_runs(args.sweep), args.parquet, args.limit, args.device, args.max_new_tokens
+        find_sweep_runs(args.sweep),
+        args.parquet,
+        args.limit,
+        args.device,
+        args.max_new_tokens,
+        ResponseDraws(args.samples, args.temperature if args.temperature > 0 else None, args.seed),
     ):
         frontier = frontier_points(item["table"])
         frontier.insert(0, "budget", item["budget"])
@@ -212,7 +227,17 @@ def main_sweep(args: argparse.Namespace) -> int:
     table = pd.concat(points, ignore_index=True).sort_values(["budget", "policy"])
     table.to_csv(out / "sweep_frontier.csv", index=False)
     (out / "frontier.png").write_bytes(png_bytes(plot_frontier(table)))
-    cols = ["budget", "policy", "reward", "reward_lo", "reward_hi", "cost", "learned_tool_rate", "gain_share"]
+    cols = [
+        "budget",
+        "policy",
+        "reward",
+        "reward_lo",
+        "reward_hi",
+        "cost",
+        "learned_tool_rate",
+        "gain_share",
+        "readable_share",
+    ]
     print(markdown_table(table[cols].round(3)), flush=True)
     return 0
 

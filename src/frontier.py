@@ -17,9 +17,18 @@ bootstrap resamples prompts only:
     best             the best allocation at the same tool rate from the measured rewards: the
                      round(q·N) prompts whose better tool route gains most over ANSWER (a gain
                      > 0 only) take that route, the rest ANSWER
+    readable         (tables with ``request_class`` and ``named_tool``) the best allocation a router
+                     reading only the request could make: prompts grouped by weak label, request
+                     class and, for an exact request, the tool its ground truth calls (a vague
+                     request names none: which listed tool its ground truth picked is not in the
+                     text); each group's tool family the one with the higher mean reward, whole
+                     groups take it in order of their mean gain over ANSWER (> 0 only) up to
+                     round(q·N) prompts, the last group in part (each of its prompts with the same
+                     probability). Group means are taken on the table itself: an upper bound.
 
 ``gain_share``: the share of ``best``'s reward gain over always-answer that the learned router
-reaches, (learned − always_answer) / (best − always_answer).
+reaches, (learned − always_answer) / (best − always_answer); ``readable_share`` the same against
+``readable`` (NaN without its columns).
 """
 
 from __future__ import annotations
@@ -27,10 +36,19 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-__all__ = ["POLICIES", "bootstrap_mean_ci", "frontier_points", "gain_share", "plot_frontier", "policy_values"]
+__all__ = [
+    "POLICIES",
+    "available_policies",
+    "bootstrap_mean_ci",
+    "frontier_points",
+    "gain_share",
+    "plot_frontier",
+    "policy_values",
+]
 
 ROUTES = ("answer", "search", "calculate")
-POLICIES = ("learned", "matched_random", "always_answer", "always_tool", "oracle", "best")
+POLICIES = ("learned", "matched_random", "always_answer", "always_tool", "oracle", "best", "readable")
+READABLE_COLUMNS = ("request_class", "named_tool")
 _FAMILY = {"SEARCH": "search", "CALCULATE": "calculate"}
 
 
@@ -44,6 +62,12 @@ def _check(table: pd.DataFrame) -> None:
         raise ValueError(f"route table: unknown learned_route values {bad}")
 
 
+def available_policies(table: pd.DataFrame) -> tuple[str, ...]:
+    """``POLICIES`` less ``readable`` when the table lacks its columns (older route tables)."""
+    has = all(c in table.columns for c in READABLE_COLUMNS)
+    return tuple(p for p in POLICIES if p != "readable" or has)
+
+
 def policy_values(table: pd.DataFrame, policy: str) -> tuple[np.ndarray, np.ndarray]:
     """Per-prompt expected (reward [N], cost [N]) of ``policy`` (one of ``POLICIES``)."""
     _check(table)
@@ -52,6 +76,8 @@ def policy_values(table: pd.DataFrame, policy: str) -> tuple[np.ndarray, np.ndar
     q = float((table["learned_route"] != "answer").mean()) if n else 0.0
     if policy == "best":
         return _best_allocation(col, round(q * n))
+    if policy == "readable":
+        return _readable_allocation(table, col, round(q * n))
     out = []
     for k in ("reward", "cost"):
         c = col[k]
@@ -93,11 +119,45 @@ def _best_allocation(col: dict, k: int) -> tuple[np.ndarray, np.ndarray]:
     return np.where(chosen, tool_reward, reward["answer"]), np.where(chosen, tool_cost, cost["answer"])
 
 
-def gain_share(points: pd.DataFrame) -> float:
-    """points: ``frontier_points`` of one table -> (learned − always_answer) / (best −
-    always_answer) of the mean rewards (NaN when the best allocation gains nothing)."""
+def _readable_allocation(table: pd.DataFrame, col: dict, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Whole request groups (weak label, class, and the named tool of an exact request) take their
+    better family in order of mean gain over ANSWER until ``k`` prompts: per-prompt expected
+    (reward [N], cost [N]); ties between groups go to the smaller group key."""
+    missing = [c for c in READABLE_COLUMNS if c not in table.columns]
+    if missing:
+        raise ValueError(f"route table lacks columns {missing} (the readable allocation needs them)")
+    klass = table["request_class"].astype(str).to_numpy()
+    named = np.where(klass == "exact", table["named_tool"].fillna("").astype(str).to_numpy(), "")
+    keys = [f"{label}|{c}|{tool}" for label, c, tool in zip(table["weak_label"].astype(str), klass, named)]
+    reward, cost = col["reward"], col["cost"]
+    groups: dict[str, list[int]] = {}
+    for i, key in enumerate(keys):
+        groups.setdefault(key, []).append(i)
+    ranked = []
+    for key, idx in groups.items():
+        family = "calculate" if reward["calculate"][idx].mean() > reward["search"][idx].mean() else "search"
+        ranked.append((-(reward[family][idx].mean() - reward["answer"][idx].mean()), key, family, idx))
+    p = np.zeros(len(keys))  # each prompt's probability of its group's family route
+    family_of = np.full(len(keys), "search", dtype=object)
+    left = k
+    for neg_gain, _key, family, idx in sorted(ranked, key=lambda g: g[:2]):
+        if neg_gain >= 0 or left <= 0:
+            break
+        take = min(len(idx), left)
+        p[idx], family_of[idx] = take / len(idx), family
+        left -= take
+    tool_reward = np.where(family_of == "calculate", reward["calculate"], reward["search"])
+    tool_cost = np.where(family_of == "calculate", cost["calculate"], cost["search"])
+    return (1 - p) * reward["answer"] + p * tool_reward, (1 - p) * cost["answer"] + p * tool_cost
+
+
+def gain_share(points: pd.DataFrame, against: str = "best") -> float:
+    """points: ``frontier_points`` of one table -> (learned − always_answer) / (``against`` −
+    always_answer) of the mean rewards (NaN when ``against`` is absent or gains nothing)."""
     r = points.set_index("policy")["reward"]
-    gain = r["best"] - r["always_answer"]
+    if against not in r:
+        return float("nan")
+    gain = r[against] - r["always_answer"]
     return float((r["learned"] - r["always_answer"]) / gain) if gain > 0 else float("nan")
 
 
@@ -118,7 +178,7 @@ def frontier_points(table: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> p
     """One row per policy: reward and cost means with bootstrap 95% intervals, and the tool rate
     (the learned router's, shared by matched_random and oracle)."""
     rows = []
-    for policy in POLICIES:
+    for policy in available_policies(table):
         reward, cost = policy_values(table, policy)
         r, r_lo, r_hi = bootstrap_mean_ci(reward, n_boot, seed)
         c, c_lo, c_hi = bootstrap_mean_ci(cost, n_boot, seed)
@@ -137,6 +197,7 @@ def frontier_points(table: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> p
     out["n_prompts"] = len(table)
     out["learned_tool_rate"] = float((table["learned_route"] != "answer").mean()) if len(table) else np.nan
     out["gain_share"] = gain_share(out)
+    out["readable_share"] = gain_share(out, "readable")
     return out
 
 
@@ -152,6 +213,7 @@ def plot_frontier(points: pd.DataFrame):
         "matched_random": ("tab:orange", "s", "matched random (same tool rate)"),
         "oracle": ("tab:green", "^", "weak-label oracle (same tool rate)"),
         "best": ("tab:red", "v", "best allocation by measured reward (same tool rate)"),
+        "readable": ("tab:purple", "D", "best by request group (same tool rate)"),
     }
     for policy, (color, marker, label) in style.items():
         part = points[points["policy"] == policy].sort_values("cost")
@@ -166,7 +228,7 @@ def plot_frontier(points: pd.DataFrame):
             marker=marker,
             capsize=3,
             label=label,
-            linestyle="-" if policy not in ("oracle", "best") else ":",
+            linestyle="-" if policy not in ("oracle", "best", "readable") else ":",
         )
     for policy, marker in (("always_answer", "x"), ("always_tool", "+")):
         part = points[points["policy"] == policy]

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import numpy as np
 import pandas as pd
 import pytest
-
-import itertools
 
 from src.frontier import POLICIES, bootstrap_mean_ci, frontier_points, gain_share, policy_values
 
@@ -24,8 +23,34 @@ def _table(seed: int, n: int = 30) -> pd.DataFrame:
             "learned_route": [rng.choice(ROUTES) for _ in range(n)],
             **{f"reward_{r}": [rng.uniform(-3, 4) for _ in range(n)] for r in ROUTES},
             **{f"cost_{r}": [rng.choice([0.0, 1.0]) for _ in range(n)] for r in ROUTES},
+            "request_class": [rng.choice(["exact", "vague", "answer"]) for _ in range(n)],
+            "named_tool": [rng.choice(["web_search", "calculator", ""]) for _ in range(n)],
         }
     )
+
+
+def _readable_reference(rows: list[dict], key: str) -> list[float]:
+    """Plain loop: group by (label, class, tool if exact), rank groups, fill k prompts."""
+    k = round(sum(r["learned_route"] != "answer" for r in rows) / len(rows) * len(rows))
+    groups: dict = {}
+    for i, r in enumerate(rows):
+        tool = r["named_tool"] if r["request_class"] == "exact" else ""
+        groups.setdefault((r["weak_label"], r["request_class"], tool), []).append(i)
+    ranked = []
+    for g, idx in groups.items():
+        mean = {route: sum(rows[i][f"reward_{route}"] for i in idx) / len(idx) for route in ROUTES}
+        family = "calculate" if mean["calculate"] > mean["search"] else "search"
+        ranked.append((mean[family] - mean["answer"], "|".join(g), family, idx))
+    ranked.sort(key=lambda t: (-t[0], t[1]))
+    p, fam = [0.0] * len(rows), ["search"] * len(rows)
+    for gain, _, family, idx in ranked:
+        if gain <= 0 or k <= 0:
+            break
+        take = min(k, len(idx))
+        for i in idx:
+            p[i], fam[i] = take / len(idx), family
+        k -= take
+    return [(1 - p[i]) * r[f"{key}_answer"] + p[i] * r[f"{key}_{fam[i]}"] for i, r in enumerate(rows)]
 
 
 def _reference(table: pd.DataFrame, policy: str, key: str) -> list[float]:
@@ -46,6 +71,8 @@ def _reference(table: pd.DataFrame, policy: str, key: str) -> list[float]:
             out.append((1 - q) * ans + q * 0.5 * (s + c))
         elif policy == "best":  # checked against every allocation by test_best_is_the_best_allocation
             return list(policy_values(table, "best")[0 if key == "reward" else 1])
+        elif policy == "readable":
+            return _readable_reference(rows, key)
         else:  # oracle at the learned tool rate
             label = r["weak_label"]
             own = s if label == "SEARCH" else c if label == "CALCULATE" else None
@@ -107,6 +134,29 @@ def test_best_is_the_best_allocation(seed):
     reward, _ = policy_values(table, "best")
     assert reward.sum() == pytest.approx(top)
     assert reward.sum() >= policy_values(table, "learned")[0].sum() - 1e-9
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_readable_is_no_better_than_best_and_equal_on_groups_that_do_not_vary(seed):
+    """Within a group every prompt looks the same to a reader of the request: if their rewards are
+    the same too, the best allocation can do no better than whole groups (the last in part)."""
+    table = _table(seed, n=40)
+    readable, best = policy_values(table, "readable")[0].sum(), policy_values(table, "best")[0].sum()
+    assert readable <= best + 1e-9
+    exact = table["request_class"] == "exact"
+    group = table["weak_label"] + table["request_class"] + table["named_tool"].where(exact, "")
+    for r in ROUTES:
+        table[f"reward_{r}"] = table.groupby(group)[f"reward_{r}"].transform("first")
+    readable, best = policy_values(table, "readable")[0].sum(), policy_values(table, "best")[0].sum()
+    assert readable == pytest.approx(best)
+
+
+def test_tables_without_the_request_columns_have_no_readable_row():
+    table = _table(2).drop(columns=["request_class", "named_tool"])
+    points = frontier_points(table, n_boot=10)
+    assert "readable" not in set(points["policy"]) and points["readable_share"].isna().all()
+    with pytest.raises(ValueError, match="lacks columns"):
+        policy_values(table, "readable")
 
 
 def test_gain_share_reads_the_learned_routers_share_of_the_best_gain():

@@ -58,11 +58,20 @@ def test_sweep_trains_one_run_per_budget_and_evaluates_a_frontier(tmp_path):
     assert ev.returncode == 0, ev.stderr[-4000:]
     table = pd.read_csv(sweep / "sweep_frontier.csv")
     assert sorted(table["budget"].unique()) == [0.2, 0.6]
-    assert set(table["policy"]) == {"learned", "matched_random", "always_answer", "always_tool", "oracle", "best"}
-    assert "gain_share" in table.columns
+    assert set(table["policy"]) == {
+        "learned",
+        "matched_random",
+        "always_answer",
+        "always_tool",
+        "oracle",
+        "best",
+        "readable",
+    }
+    assert "gain_share" in table.columns and "readable_share" in table.columns
     assert (table["n_prompts"] == 4).all()
     assert (sweep / "frontier.png").stat().st_size > 5000
     for budget in ("0.2", "0.6"):
         route_table = pd.read_csv(sweep / f"route_table_B{budget}.csv")
         assert len(route_table) == 4 and route_table["weak_label"].notna().all()
+        assert set(route_table["request_class"]) <= {"exact", "vague", "answer"}
     assert "| 0.2 | learned |" in ev.stdout
