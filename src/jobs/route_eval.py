@@ -161,9 +161,13 @@ def sweep_route_tables(
         records = read_rlla_parquet(parquet or data_files(cfg)[1][0])[0]
         records = records[:limit] if limit else records
         reward_config = RewardConfig(**OmegaConf.to_container(cfg.reward, resolve=True))
-        if draws.temperature is None:
-            draws = replace(draws, temperature=float(cfg.sampling.temperature))
-        table = route_table(policy, records, reward_config=reward_config, draws=draws)
+        # each run's own temperature: rebinding ``draws`` would carry the first run's to the next
+        run_draws = (
+            draws
+            if draws.temperature is not None
+            else replace(draws, temperature=float(cfg.sampling.temperature))
+        )
+        table = route_table(policy, records, reward_config=reward_config, draws=run_draws)
         out.append(
             {
                 "run": str(run),
