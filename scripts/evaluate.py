@@ -26,7 +26,9 @@ run on stdout, then a markdown table):
 
     python scripts/evaluate.py --budget-report outputs/router_grpo/<stamp> outputs/router_grpo/<other>
 
-Budget sweep frontier (route tables on held-out prompts, learned router vs baselines, per budget):
+Budget sweep frontier (route tables on held-out prompts, learned router vs baselines, per budget;
+rows for the router's argmax routes and for its routes under the run's B, the threshold calibrated
+on the same prompts, each beside the baselines at its tool rate: column ``routing``):
 
     python scripts/evaluate.py --sweep outputs/router_sweep/<stamp> --out-dir outputs/router_sweep/<stamp>
     python scripts/evaluate.py --sweep <run or sweep> --samples 8   # expected rewards: 8 samples each
@@ -219,16 +221,18 @@ def main_sweep(args: argparse.Namespace) -> int:
         args.max_new_tokens,
         ResponseDraws(args.samples, args.temperature if args.temperature > 0 else None, args.seed),
     ):
-        frontier = frontier_points(item["table"])
-        frontier.insert(0, "budget", item["budget"])
-        frontier["lambda"], frontier["run"] = item["lambda"], item["run"]
-        points.append(frontier)
+        for budget in (None, item["budget"]):  # the argmax routes, then the routes under B
+            frontier = frontier_points(item["table"], budget=budget)
+            frontier.insert(0, "budget", item["budget"])
+            frontier["lambda"], frontier["run"] = item["lambda"], item["run"]
+            points.append(frontier)
         item["table"].to_csv(out / f"route_table_B{item['budget']:g}.csv", index=False)
-    table = pd.concat(points, ignore_index=True).sort_values(["budget", "policy"])
+    table = pd.concat(points, ignore_index=True).sort_values(["budget", "routing", "policy"])
     table.to_csv(out / "sweep_frontier.csv", index=False)
     (out / "frontier.png").write_bytes(png_bytes(plot_frontier(table)))
     cols = [
         "budget",
+        "routing",
         "policy",
         "reward",
         "reward_lo",

@@ -29,6 +29,12 @@ bootstrap resamples prompts only:
 ``gain_share``: the share of ``best``'s reward gain over always-answer that the learned router
 reaches, (learned − always_answer) / (best − always_answer); ``readable_share`` the same against
 ``readable`` (NaN without its columns).
+
+Two routings of the learned router (column ``routing``): ``argmax``, the router's most probable
+route, and ``budget`` (``frontier_points(..., budget=B)``), the router as deployed under a budget:
+the p_tool threshold calibrated on the table's own prompts (``calibrate_tool_threshold``), so it
+uses a tool on ⌊B·N⌋ of them, each its more probable tool family. Held near p_tool 0.5 the argmax
+underspends B; the budget routing spends it, and every same-rate policy is compared at that rate.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ __all__ = [
     "gain_share",
     "plot_frontier",
     "policy_values",
+    "routes_under_budget",
 ]
 
 ROUTES = ("answer", "search", "calculate")
@@ -174,9 +181,34 @@ def bootstrap_mean_ci(
     return float(values.mean()), float(np.percentile(means, tail)), float(np.percentile(means, 100 - tail))
 
 
-def frontier_points(table: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
+def routes_under_budget(table: pd.DataFrame, budget: float) -> pd.DataFrame:
+    """A copy of ``table`` whose ``learned_route`` is the router's route under ``budget``: a tool
+    family (the more probable one) where p_tool = 1 − p_answer reaches the threshold calibrated on
+    these N prompts, else ANSWER; at most ⌊budget·N⌋ prompts take a tool. Needs ``p_answer``,
+    ``p_search``, ``p_calculate``."""
+    import torch
+
+    from src.router.routing_eval import budget_routes, calibrate_tool_threshold
+
+    missing = [f"p_{r}" for r in ROUTES if f"p_{r}" not in table.columns]
+    if missing:
+        raise ValueError(f"route table lacks columns {missing} (routing under a budget needs them)")
+    out = table.copy()
+    if len(out):
+        probs = torch.tensor(out[[f"p_{r}" for r in ROUTES]].to_numpy(float), dtype=torch.float64)
+        routes = budget_routes(probs, calibrate_tool_threshold(probs, budget))
+        out["learned_route"] = [ROUTES[i] for i in routes.tolist()]
+    return out
+
+
+def frontier_points(
+    table: pd.DataFrame, n_boot: int = 1000, seed: int = 0, budget: float | None = None
+) -> pd.DataFrame:
     """One row per policy: reward and cost means with bootstrap 95% intervals, and the tool rate
-    (the learned router's, shared by matched_random and oracle)."""
+    (the learned router's, shared by matched_random, oracle, best and readable). ``budget``: the
+    learned router routes under it (``routes_under_budget``); column ``routing`` says which."""
+    if budget is not None:
+        table = routes_under_budget(table, budget)
     rows = []
     for policy in available_policies(table):
         reward, cost = policy_values(table, policy)
@@ -198,25 +230,35 @@ def frontier_points(table: pd.DataFrame, n_boot: int = 1000, seed: int = 0) -> p
     out["learned_tool_rate"] = float((table["learned_route"] != "answer").mean()) if len(table) else np.nan
     out["gain_share"] = gain_share(out)
     out["readable_share"] = gain_share(out, "readable")
+    out["routing"] = "argmax" if budget is None else "budget"
     return out
 
 
+_STYLE = {  # policy: (colour, marker, legend label)
+    "learned": ("tab:blue", "o", "learned router"),
+    "matched_random": ("tab:orange", "s", "matched random (same tool rate)"),
+    "oracle": ("tab:green", "^", "weak-label oracle (same tool rate)"),
+    "best": ("tab:red", "v", "best allocation by measured reward (same tool rate)"),
+    "readable": ("tab:purple", "D", "best by request group (same tool rate)"),
+    "learned_under_budget": ("tab:cyan", "*", "learned router under B (calibrated threshold)"),
+}
+
+
 def plot_frontier(points: pd.DataFrame):
-    """Reward vs cost per budget: learned and matched random with 95% intervals (both axes),
-    always-answer / always-tool / oracle as markers. ``points``: frontier rows with a ``budget``."""
+    """Reward vs cost per budget: learned and matched random with 95% intervals (both axes), the
+    same-rate baselines dotted, always-answer / always-tool as markers, all at the argmax routing's
+    tool rate; the learned router under B (``routing`` "budget" rows) as stars. ``points``: frontier
+    rows with a ``budget``."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(6.4, 4.4))
     ax = fig.add_subplot()
-    style = {
-        "learned": ("tab:blue", "o", "learned router"),
-        "matched_random": ("tab:orange", "s", "matched random (same tool rate)"),
-        "oracle": ("tab:green", "^", "weak-label oracle (same tool rate)"),
-        "best": ("tab:red", "v", "best allocation by measured reward (same tool rate)"),
-        "readable": ("tab:purple", "D", "best by request group (same tool rate)"),
-    }
-    for policy, (color, marker, label) in style.items():
-        part = points[points["policy"] == policy].sort_values("cost")
+    routing = points["routing"] if "routing" in points.columns else pd.Series("argmax", index=points.index)
+    under_budget = points[(routing == "budget") & (points["policy"] == "learned")]
+    points = points[routing != "budget"]
+    for policy, (color, marker, label) in _STYLE.items():
+        part = under_budget if policy == "learned_under_budget" else points[points["policy"] == policy]
+        part = part.sort_values("cost")
         if part.empty:
             continue
         ax.errorbar(
@@ -228,8 +270,20 @@ def plot_frontier(points: pd.DataFrame):
             marker=marker,
             capsize=3,
             label=label,
-            linestyle="-" if policy not in ("oracle", "best", "readable") else ":",
+            linestyle="-" if policy in ("learned", "matched_random") else ":",
         )
+    _mark_constant_policies(ax, points)
+    ax.set_xlabel("mean tool cost per prompt (held-out)")
+    ax.set_ylabel("mean task reward (held-out)")
+    ax.set_title("Budget frontier: learned router vs prompt-independent routing")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    return fig
+
+
+def _mark_constant_policies(ax, points: pd.DataFrame) -> None:
+    """Always-answer / always-tool as black markers (mean over budgets); each learned point's B."""
     for policy, marker in (("always_answer", "x"), ("always_tool", "+")):
         part = points[points["policy"] == policy]
         if len(part):
@@ -251,10 +305,3 @@ def plot_frontier(points: pd.DataFrame):
                 xytext=(4, -10),
                 fontsize=7,
             )
-    ax.set_xlabel("mean tool cost per prompt (held-out)")
-    ax.set_ylabel("mean task reward (held-out)")
-    ax.set_title("Budget frontier: learned router vs prompt-independent routing")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
-    return fig

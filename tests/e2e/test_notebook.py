@@ -29,15 +29,17 @@ def _fake_sweep(out, budgets=(0.2, 0.5), n=24, seed=0):
     for budget in budgets:
         table = _random_route_table(rng, n)
         table.to_csv(out / f"route_table_B{budget:g}.csv", index=False)
-        frontier = frontier_points(table, n_boot=50)
-        frontier.insert(0, "budget", budget)
-        points.append(frontier)
+        for routing_budget in (None, budget):  # argmax rows, then the routes under B
+            frontier = frontier_points(table, n_boot=50, budget=routing_budget)
+            frontier.insert(0, "budget", budget)
+            points.append(frontier)
     pd.concat(points).to_csv(out / "sweep_frontier.csv", index=False)
     return out
 
 
 def _random_route_table(rng, n):
     routes = ("answer", "search", "calculate")
+    weights = [[rng.uniform(0.1, 1.0) for _ in routes] for _ in range(n)]  # the router's probabilities
     return pd.DataFrame(
         {
             "uid": range(n),
@@ -45,6 +47,7 @@ def _random_route_table(rng, n):
             "learned_route": [rng.choice(routes) for _ in range(n)],
             **{f"reward_{r}": [rng.uniform(-3, 4) for _ in range(n)] for r in routes},
             **{f"cost_{r}": [float(r != "answer") for _ in range(n)] for r in routes},
+            **{f"p_{r}": [w[i] / sum(w) for w in weights] for i, r in enumerate(routes)},
         }
     )
 

@@ -9,7 +9,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from src.frontier import POLICIES, bootstrap_mean_ci, frontier_points, gain_share, policy_values
+from src.frontier import (
+    POLICIES,
+    bootstrap_mean_ci,
+    frontier_points,
+    gain_share,
+    policy_values,
+    routes_under_budget,
+)
 
 ROUTES = ("answer", "search", "calculate")
 
@@ -173,3 +180,39 @@ def test_gain_share_reads_the_learned_routers_share_of_the_best_gain():
         best_routes.append(tool if row[f"reward_{tool}"] > row["reward_answer"] else "answer")
     table["learned_route"] = best_routes
     assert gain_share(frontier_points(table, n_boot=10)) == pytest.approx(1.0)
+
+
+def _with_probs(table: pd.DataFrame, seed: int) -> pd.DataFrame:
+    rng = random.Random(seed)
+    weights = [[rng.uniform(0.05, 1.0) for _ in ROUTES] for _ in range(len(table))]
+    for i, r in enumerate(ROUTES):
+        table[f"p_{r}"] = [w[i] / sum(w) for w in weights]
+    return table
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("budget", [0.0, 0.1, 0.3, 0.5, 1.0])
+def test_routes_under_budget_match_a_plain_loop(seed, budget):
+    """The floor(B·N) prompts with the highest p_tool = 1 − p_answer take their more probable tool
+    family, the rest ANSWER, whatever the argmax said."""
+    table = _with_probs(_table(seed, n=40), seed)
+    rows = table.to_dict("records")
+    ranked = sorted(range(len(rows)), key=lambda i: -(1 - rows[i]["p_answer"]))
+    expected = ["answer"] * len(rows)
+    for i in ranked[: int(budget * len(rows) + 1e-9)]:
+        expected[i] = "calculate" if rows[i]["p_calculate"] > rows[i]["p_search"] else "search"
+    assert list(routes_under_budget(table, budget)["learned_route"]) == expected
+    assert list(table["learned_route"]) == [r["learned_route"] for r in rows]  # the input is left alone
+
+
+def test_frontier_under_a_budget_compares_every_policy_at_the_budgets_tool_rate():
+    table = _with_probs(_table(5, n=40), 5)
+    argmax = frontier_points(table, n_boot=20)
+    under = frontier_points(table, n_boot=20, budget=0.3)
+    assert set(argmax["routing"]) == {"argmax"} and set(under["routing"]) == {"budget"}
+    assert under["learned_tool_rate"].iloc[0] == pytest.approx(12 / 40)
+    assert argmax["learned_tool_rate"].iloc[0] == pytest.approx((table["learned_route"] != "answer").mean())
+    rerouted = frontier_points(routes_under_budget(table, 0.3), n_boot=20)
+    pd.testing.assert_frame_equal(under.drop(columns="routing"), rerouted.drop(columns="routing"))
+    with pytest.raises(ValueError, match="routing under a budget"):
+        frontier_points(table.drop(columns="p_search"), budget=0.3)

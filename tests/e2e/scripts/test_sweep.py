@@ -69,9 +69,15 @@ def test_sweep_trains_one_run_per_budget_and_evaluates_a_frontier(tmp_path):
     }
     assert "gain_share" in table.columns and "readable_share" in table.columns
     assert (table["n_prompts"] == 4).all()
+    # each budget twice: the router's argmax routes, and its routes under B (floor(B·4) tool prompts)
+    assert table.groupby(["budget", "routing"]).size().to_dict() == {
+        (b, r): 7 for b in (0.2, 0.6) for r in ("argmax", "budget")
+    }
+    under = table[table["routing"] == "budget"].groupby("budget")["learned_tool_rate"].first()
+    assert under.to_dict() == {0.2: 0.0, 0.6: 0.5}
     assert (sweep / "frontier.png").stat().st_size > 5000
     for budget in ("0.2", "0.6"):
         route_table = pd.read_csv(sweep / f"route_table_B{budget}.csv")
         assert len(route_table) == 4 and route_table["weak_label"].notna().all()
         assert set(route_table["request_class"]) <= {"exact", "vague", "answer"}
-    assert "| 0.2 | learned |" in ev.stdout
+    assert "| 0.2 | argmax | learned |" in ev.stdout and "| 0.6 | budget | learned |" in ev.stdout
