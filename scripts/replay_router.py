@@ -10,7 +10,9 @@ run's ``router.*`` keys (``src.config.schema.RouterConfig``). One line per seed:
 mean cost and λ range, training accuracies, and the final head's greedy accuracies and tool rate on
 the held-out split (its Polyak average with ``router.ema_decay``, as a run evaluates it), then
 whether the issue-19 targets hold (|cost − B| <= 0.05, held-out answer accuracy and family
-accuracy >= 0.9). ``--inputs-from warm_start`` (or an HF model dir) replays on
+accuracy >= 0.9). ``--frontier`` adds each head's share of the best allocation's gain under
+the budget (``src.frontier``) on the test prompts, with a line for the run's own head and one for
+a linear probe fitted on every training prompt's three rewards. ``--inputs-from warm_start`` (or an HF model dir) replays on
 the router inputs of another backbone, the rewards unchanged: whether the representation or the
 router's own learning decides its held-out accuracy. Overrides of ``router.pooling``,
 ``tail_tokens``, ``sif_a``, ``hidden_layer`` or ``input`` re-pool the inputs from the run's final backbone
@@ -157,6 +159,34 @@ def with_pooling(run: Path, router, train, test, limit: int):
     return with_policy_inputs(policy, records, train, test)
 
 
+def budget_figures(frame, budget: float) -> dict:
+    """``budget_gain_shares`` of a route frame under ``budget``, rounded: ``gain_share_budgeted``
+    and ``readable_share_budgeted``."""
+    from src.jobs.router_replay import budget_gain_shares
+
+    return {f"{k}_budgeted": round(v, 3) for k, v in budget_gain_shares(frame, budget).items()}
+
+
+def reference_lines(run: Path, train, test, records: list, budget: float, own_inputs: bool) -> list[dict]:
+    """``--frontier``'s lines beside the seeds': the run's own head (its Polyak average) on the test
+    table where the inputs are the run's, and the full-information linear probe (``probe_routes``)."""
+    import torch
+
+    from src.jobs.inference import load_router_policy
+    from src.jobs.router_replay import probe_routes, route_frame
+
+    lines = []
+    if own_inputs:
+        head = load_router_policy(run, device="cpu").module.router_head
+        with torch.no_grad():
+            probs = torch.softmax(head.pooled_logits(test.inputs, averaged=True).double(), -1)
+        lines.append({"head": "run", **budget_figures(route_frame(test, probs, records), budget)})
+    # the probe's routes as one-hot probabilities: under the budget exactly its ⌊B·N⌋ tool routes
+    one_hot = torch.nn.functional.one_hot(probe_routes(train, test, budget), 3).double()
+    lines.append({"head": "linear_probe", **budget_figures(route_frame(test, one_hot, records), budget)})
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--run", required=True, help="a router run directory (checkpoints/manifest.yaml)")
@@ -168,6 +198,12 @@ def main(argv: list[str] | None = None) -> int:
         help="router inputs from another backbone: 'warm_start' (the run's SFT warm start) or an HF "
         "model dir; rewards stay the run's (does the representation or the RL decide held-out accuracy?)",
     )
+    p.add_argument(
+        "--frontier",
+        action="store_true",
+        help="add each head's share of the best allocation's gain under the budget on the test prompts, "
+        "and lines for the run's own head and a full-information linear probe",
+    )
     p.add_argument("overrides", nargs="*", help="router.<key>=<value>")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
@@ -176,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from src.config.schema import RouterConfig
     from src.jobs.inference import resolve_run
-    from src.jobs.router_replay import replay
+    from src.jobs.router_replay import replay, route_frame
 
     torch.set_num_threads(1)  # a small head: threads only add noise
     run = Path(args.run)
@@ -201,9 +237,16 @@ def main(argv: list[str] | None = None) -> int:
         train, test = with_pooling(run, router, train, test, args.limit)
     shape = (int(cfg.sampling.n_prompts), int(cfg.sampling.n_generations_per_prompt))
     steps = args.steps or int(cfg.trainer.max_steps)
+    records = split_records(cfg, "test", args.limit) if args.frontier else None
+    if args.frontier:
+        own_inputs = not (args.inputs_from or re_pool)  # the run's head reads these inputs
+        for line in reference_lines(run, train, test, records, router.budget, own_inputs):
+            sys.stdout.write(json.dumps(line) + "\n")
     for seed in seeds(args.seeds):
-        r = replay(train, test, router, seed, steps, shape)
+        r, probs = replay(train, test, router, seed, steps, shape)
         row = {"seed": seed, **{k: round(v, 3) for k, v in r.items()}}
+        if args.frontier:
+            row |= budget_figures(route_frame(test, probs, records), router.budget)
         row |= {
             "targets": meets_targets(r, "test", router.budget),
             "targets_budgeted": meets_targets(r, "test_budgeted", router.budget),

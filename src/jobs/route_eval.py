@@ -23,7 +23,7 @@ import pandas as pd
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ResponseDraws", "find_sweep_runs", "route_table", "sweep_route_tables"]
+__all__ = ["ResponseDraws", "find_sweep_runs", "request_columns", "route_table", "sweep_route_tables"]
 
 ROUTES = ("answer", "search", "calculate")
 
@@ -71,7 +71,7 @@ def route_table(
                 "uid": r.uid,
                 "weak_label": _weak_label(policy, r),
                 "learned_route": ROUTES[int(p.argmax())],
-                **_request_columns(r),
+                **request_columns(r),
                 **{f"p_{name}": float(p[i]) for i, name in enumerate(ROUTES)},
             }
             for r, p in zip(chunk, probs)
@@ -94,7 +94,7 @@ def _weak_label(policy, record) -> str | None:
     return weak_label(record.ground_truth, policy.families, fmt, tool_descriptions(record.system))
 
 
-def _request_columns(record) -> dict:
+def request_columns(record) -> dict:
     """The request's class and the tool its ground truth calls first ("" for none)."""
     from src.datamodules.synthetic_text import request_class
     from src.jobs.inference import parse_tool_calls

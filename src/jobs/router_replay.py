@@ -26,7 +26,15 @@ from src.rollout.batch import RouterRollout
 from src.rollout.metrics import route_accuracy
 from src.router.routing_eval import budget_route_probs, calibrate_tool_threshold, routing_metrics
 
-__all__ = ["ReplayTable", "replay", "replay_table", "router_inputs"]
+__all__ = [
+    "ReplayTable",
+    "budget_gain_shares",
+    "probe_routes",
+    "replay",
+    "replay_table",
+    "route_frame",
+    "router_inputs",
+]
 
 ROUTE_KEYS = ("answer", "search", "calculate")
 LABELS = {"ANSWER": 0, "SEARCH": 1, "CALCULATE": 2}
@@ -133,11 +141,12 @@ def _nan(value: float | None) -> float:
 
 def replay(
     train: ReplayTable, test: ReplayTable, cfg: RouterConfig, seed: int, steps: int, shape=(8, 4)
-) -> dict[str, float]:
+) -> tuple[dict[str, float], torch.Tensor]:
     """Train a fresh head for ``steps`` steps of ``shape`` = (prompts, routes per prompt) on
     ``train`` (prompts in a seeded order, epoch after epoch); λ by ``cfg``'s controller.
 
-    Returns the last 50 steps' mean cost, λ range and training accuracies, and the final head's
+    Returns (figures, the final head's probabilities [N_test, 3] on ``test``). Figures: the last 50
+    steps' mean cost, λ range and training accuracies, and the final head's
     (its Polyak average where ``cfg.ema_decay`` > 0, as a run evaluates it) accuracies and tool
     rate on ``test``: greedy (argmax), and under the budget (``test_budgeted_*``:
     a p_tool threshold calibrated on ``test`` itself, so its tool rate is B up to ties). Greedy
@@ -167,7 +176,7 @@ def replay(
     budgeted = routing_metrics(routed, names, greedy=True)
     cost = pd.Series([t[0] for t in trace])
     settling = settling_figures(cost, pd.Series([t[1] for t in trace]), cfg.budget)
-    return {
+    figures = {
         "cost_last50": float(np.mean([t[0] for t in last])),
         **{k: float(v) for k, v in settling.items() if k in ("cost_last100", "lambda_cv", "settled")},
         "window_max_dev": max((abs(w - cfg.budget) for w in settling["cost_windows"]), default=np.nan),
@@ -183,3 +192,60 @@ def replay(
         "test_budgeted_acc_family": _nan(budgeted.get("route_acc_family")),
         "test_budgeted_tool_rate": _nan(budgeted.get("tool_rate")),
     }
+    return figures, probs
+
+
+def route_frame(test: ReplayTable, probs: torch.Tensor, records: Sequence | None = None) -> pd.DataFrame:
+    """``test`` as a route table (``route_eval.route_table``'s columns, what ``src.frontier`` reads)
+    with a head's probabilities ``probs`` [N, 3] and its argmax route; ``records`` (``RLLARecord``,
+    in table order) add uid and the request columns ``readable`` groups by, else uid is the row."""
+    from src.jobs.route_eval import request_columns
+
+    n = len(test.label)
+    if probs.shape != (n, 3) or (records is not None and len(records) != n):
+        raise ValueError(f"{n} test prompts, probs {tuple(probs.shape)}, {len(records or [])} records")
+    frame = pd.DataFrame({"uid": [r.uid for r in records] if records is not None else range(n)})
+    frame["weak_label"] = _label_names(test.label)
+    if records is not None:
+        frame = frame.join(pd.DataFrame([request_columns(r) for r in records]))
+    p = probs.detach().double().cpu().numpy()
+    for j, route in enumerate(ROUTE_KEYS):
+        frame[f"p_{route}"] = p[:, j]
+        frame[f"reward_{route}"] = test.reward[:, j].double().numpy()
+        frame[f"cost_{route}"] = test.cost[:, j].double().numpy()
+    frame["learned_route"] = [ROUTE_KEYS[j] for j in p.argmax(axis=1)]
+    return frame
+
+
+def budget_gain_shares(frame: pd.DataFrame, budget: float | None) -> dict[str, float]:
+    """The frame's learned routes' share of ``best``'s and ``readable``'s reward gain over
+    always-answer (``src.frontier.gain_share``): under ``budget`` (the p_tool threshold calibrated
+    on these prompts), or as the frame routes them (None)."""
+    from src.frontier import frontier_points
+
+    points = frontier_points(frame, n_boot=2, budget=budget)  # means only: no interval is read
+    return {
+        "gain_share": float(points["gain_share"].iloc[0]),
+        "readable_share": float(points["readable_share"].iloc[0]),
+    }
+
+
+def probe_routes(train: ReplayTable, test: ReplayTable, budget: float, ridge: float = 10.0) -> torch.Tensor:
+    """[N_test] routes (0 answer, 1 search, 2 calculate) of a full-information linear probe: one ridge
+    regression per route of its reward on the standardised inputs, fitted on all three rewards of
+    every ``train`` prompt (a bandit-trained head sees one route's per draw); the ⌊B·N⌋ test prompts
+    whose better predicted tool family gains most over answer take it, as a head under ``budget``
+    spends it. What the head's inputs carry linearly about where tools pay."""
+    x, xt = train.inputs.double(), test.inputs.double()
+    mean, sd = x.mean(0), x.std(0) + 1e-6
+    design = torch.nn.functional.pad((x - mean) / sd, (0, 1), value=1.0)  # [N, H+1] with a bias column
+    gram = design.T @ design + ridge * torch.eye(design.shape[1], dtype=design.dtype)
+    weights = torch.linalg.solve(gram, design.T @ train.reward.double())  # [H+1, 3]
+    predicted = torch.nn.functional.pad((xt - mean) / sd, (0, 1), value=1.0) @ weights  # [N_test, 3]
+    family = 1 + predicted[:, 1:].argmax(dim=-1)
+    gain = predicted.gather(1, family[:, None]).squeeze(1) - predicted[:, 0]
+    k = int(np.floor(budget * len(gain) + 1e-9))
+    routes = torch.zeros(len(gain), dtype=torch.long)
+    chosen = torch.argsort(gain, descending=True, stable=True)[:k]
+    routes[chosen] = family[chosen]
+    return routes

@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 import sys
 
+import numpy as np
+import pandas as pd
 import pytest
 import torch
 from jobhelpers import REPO, run_command
 
 from src.config.schema import RouterConfig
-from src.jobs.router_replay import ReplayTable, replay
+from src.jobs.router_replay import ReplayTable, budget_gain_shares, probe_routes, replay, route_frame
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +54,8 @@ def test_replay_holds_the_budget_and_routes_by_label(budget, ema_decay):
         entropy_coef=0.3, entropy_coef_final=0.1, entropy_decay_steps=200, norm_adv_by_std=False,
         ema_decay=ema_decay,
     )  # fmt: skip
-    out = replay(bandit_table(2048, 0), bandit_table(256, 1), cfg, seed=0, steps=400)
+    test = bandit_table(256, 1)
+    out, probs = replay(bandit_table(2048, 0), test, cfg, seed=0, steps=400)
     assert abs(out["cost_last50"] - budget) <= 0.05, out
     assert out["train_acc_answer"] >= 0.9 and out["train_acc_family"] >= 0.9, out
     assert out["test_acc_answer"] >= 0.9 and out["test_acc_family"] >= 0.9, out
@@ -60,6 +63,54 @@ def test_replay_holds_the_budget_and_routes_by_label(budget, ema_decay):
     assert out["test_budgeted_tool_rate"] == pytest.approx(int(budget * 256) / 256, abs=1 / 256), out
     assert out["test_budgeted_acc_answer"] >= 0.9 and out["test_budgeted_acc_family"] >= 0.9, out
     assert 1.0 < out["lambda_min"] <= out["lambda_max"] < 3.5, out
+    # every tool prompt gains 2 by its own family: under B the head spends the budget as best does
+    shares = budget_gain_shares(route_frame(test, probs), budget)
+    assert shares["gain_share"] >= 0.95 and np.isnan(shares["readable_share"]), shares
+
+
+def _plain_probe_routes(train: ReplayTable, test: ReplayTable, budget: float, ridge: float) -> list[int]:
+    """The probe in plain numpy: per route, ridge on standardised inputs with a bias column; then a
+    sort of the test prompts by their better family's predicted gain over answer."""
+    x, xt = train.inputs.double().numpy(), test.inputs.double().numpy()
+    mean, sd = x.mean(0), x.std(0, ddof=1) + 1e-6
+    a = np.hstack([(x - mean) / sd, np.ones((len(x), 1))])
+    at = np.hstack([(xt - mean) / sd, np.ones((len(xt), 1))])
+    predicted = np.zeros((len(xt), 3))
+    for route in range(3):
+        w = np.linalg.solve(
+            a.T @ a + ridge * np.eye(a.shape[1]), a.T @ train.reward[:, route].double().numpy()
+        )
+        predicted[:, route] = at @ w
+    scored = []
+    for i, row in enumerate(predicted):
+        family = 1 if row[1] >= row[2] else 2
+        scored.append((-(row[family] - row[0]), i, family))
+    routes = [0] * len(xt)
+    for _, i, family in sorted(scored)[: int(budget * len(xt) + 1e-9)]:
+        routes[i] = family
+    return routes
+
+
+@pytest.mark.parametrize("budget, ridge", [(0.2, 10.0), (0.5, 1.0)])
+def test_probe_routes_spend_the_budget_where_tools_gain(budget, ridge):
+    """The full-information probe: ⌊B·N⌋ tool routes, none on an ANSWER prompt (its tool route earns
+    more, 0 against -1, but gains nothing over answering), nearly all by the prompt's own family (the
+    inputs are noisy), the plain reference's routes, and nearly the whole of best's gain."""
+    train, test = bandit_table(512, 0), bandit_table(200, 1)
+    routes = probe_routes(train, test, budget, ridge)
+    assert routes.tolist() == _plain_probe_routes(train, test, budget, ridge)
+    tool = routes > 0
+    assert int(tool.sum()) == int(budget * 200 + 1e-9)
+    assert not (tool & (test.label == 0)).any(), "a tool route on an ANSWER prompt"
+    assert (routes[tool] == test.label[tool]).double().mean() >= 0.95
+    one_hot = torch.nn.functional.one_hot(routes, 3).double()
+    assert budget_gain_shares(route_frame(test, one_hot), budget)["gain_share"] >= 0.95
+
+
+def test_route_frame_checks_its_inputs():
+    test = bandit_table(8, 0)
+    with pytest.raises(ValueError, match="8 test prompts, probs"):
+        route_frame(test, torch.zeros(7, 3))
 
 
 def test_replay_table_shapes_are_checked():
@@ -69,16 +120,20 @@ def test_replay_table_shapes_are_checked():
 
 def test_replay_script_on_a_real_run(run, tmp_path):
     """The table comes from the run's checkpoint (router inputs equal what its head reads), is cached,
-    and one JSON line per seed comes back."""
+    and one JSON line per seed comes back; ``--frontier`` adds the gain shares under B and lines for
+    the run's own head and the linear probe, the run head's share that of its route table."""
     cmd = [sys.executable, str(REPO / "scripts" / "replay_router.py"), "--run", str(run), "--limit", "8"]
-    cmd += ["--seeds", "0,1", "--steps", "3", "router.budget=0.2"]
+    cmd += ["--seeds", "0,1", "--steps", "3", "--frontier", "router.budget=0.5"]
     proc = run_command(cmd)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [x.get("head") for x in lines[:2]] == ["run", "linear_probe"]
+    heads, lines = lines[:2], lines[2:]
     assert [x["seed"] for x in lines] == [0, 1] and all("cost_last50" in x for x in lines)
+    assert all("gain_share_budgeted" in x and "readable_share_budgeted" in x for x in heads + lines)
     for x in lines:  # greedy and budgeted verdicts; a NaN accuracy (no tool route) is a miss
         assert isinstance(x["targets"], bool) and isinstance(x["targets_budgeted"], bool)
-        assert 0.0 <= x["test_budgeted_tool_rate"] <= 0.2 + 1e-9, x
+        assert 0.0 <= x["test_budgeted_tool_rate"] <= 0.5 + 1e-9, x
     train = torch.load(run / "replay" / "train-8.pt")
     assert train["inputs"].shape[0] == 8 and train["reward"].shape == (8, 3)
     assert set(train["cost"][:, 0].tolist()) == {0.0}  # the answer route calls no tool
@@ -94,6 +149,30 @@ def test_replay_script_on_a_real_run(run, tmp_path):
         # inference routes with the head's Polyak average (router.ema_decay): the same MLP input
         got = policy.module.router_head.pooled_logits(train["inputs"], averaged=True)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+    # the route frame of the test table is the run's route table (evaluate.py --sweep's), p_* and all
+    from src.frontier import frontier_points
+    from src.jobs.route_eval import route_table
+
+    test = ReplayTable(**torch.load(run / "replay" / "test-8.pt"))
+    test_records = read_rlla_parquet(data_files(policy.config)[1][0])[0][:8]
+    table = route_table(policy, test_records, reward_config=policy.reward_config)
+    with torch.no_grad():
+        probs = torch.softmax(
+            policy.module.router_head.pooled_logits(test.inputs, averaged=True).double(), -1
+        )
+    frame = route_frame(test, probs, test_records)
+    table["weak_label"] = table["weak_label"].fillna("MIXED")
+    columns = ["uid", "weak_label", "request_class", "named_tool", "learned_route"]
+    columns += [f"{k}_{r}" for k in ("reward", "cost") for r in ("answer", "search", "calculate")]
+    pd.testing.assert_frame_equal(frame[columns], table[columns], check_dtype=False)
+    np.testing.assert_allclose(
+        frame[["p_answer", "p_search", "p_calculate"]],
+        table[["p_answer", "p_search", "p_calculate"]],
+        atol=1e-5,
+    )
+    want = frontier_points(table, budget=0.5).iloc[0]
+    assert heads[0]["gain_share_budgeted"] == pytest.approx(round(want["gain_share"], 3), nan_ok=True)
 
 
 def test_replay_on_the_warm_starts_inputs(run, tmp_path):
