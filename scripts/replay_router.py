@@ -12,8 +12,8 @@ the held-out split (its Polyak average with ``router.ema_decay``, as a run evalu
 whether the issue-19 targets hold (|cost − B| <= 0.05, held-out answer accuracy and family
 accuracy >= 0.9). ``--frontier`` adds each head's share of the best allocation's gain under
 the budget (``src.frontier``) on the test prompts, with a line for the run's own head and one for
-a linear probe fitted on every training prompt's three rewards. ``--inputs-from warm_start`` (or an HF model dir) replays on
-the router inputs of another backbone, the rewards unchanged: whether the representation or the
+a linear probe fitted on every training prompt's three rewards. ``--inputs-from warm_start`` (or
+an HF model dir) replays on the router inputs of another backbone, the rewards unchanged: whether the representation or the
 router's own learning decides its held-out accuracy. Overrides of ``router.pooling``,
 ``tail_tokens``, ``sif_a``, ``hidden_layer`` or ``input`` re-pool the inputs from the run's final backbone
 (``router.input=base_embeddings router.hidden_layer=0``: from the base model's embedding table)
