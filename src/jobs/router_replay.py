@@ -217,10 +217,9 @@ def route_frame(test: ReplayTable, probs: torch.Tensor, records: Sequence | None
     return frame
 
 
-def budget_gain_shares(frame: pd.DataFrame, budget: float | None) -> dict[str, float]:
-    """The frame's learned routes' share of ``best``'s and ``readable``'s reward gain over
-    always-answer (``src.frontier.gain_share``): under ``budget`` (the p_tool threshold calibrated
-    on these prompts), or as the frame routes them (None)."""
+def budget_gain_shares(frame: pd.DataFrame, budget: float) -> dict[str, float]:
+    """The frame's routes under ``budget`` (the p_tool threshold calibrated on these prompts): their
+    share of ``best``'s and ``readable``'s reward gain over always-answer (``src.frontier.gain_share``)."""
     from src.frontier import frontier_points
 
     points = frontier_points(frame, n_boot=2, budget=budget)  # means only: no interval is read
