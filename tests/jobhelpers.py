@@ -40,22 +40,33 @@ def train_cmd(*overrides: str) -> list[str]:
     return [sys.executable, str(REPO / "scripts" / "train.py"), f"cache_dir={CACHE}", *overrides]
 
 
-# overrides whose command starts processes or devices of its own: such a command runs in a new interpreter
-_OWN_PROCESS = ("trainer.devices=", "trainer.strategy=", "trainer.accelerator=", "rollout=vllm")
+# overrides whose command starts processes or devices of its own, or signals its own process (the
+# fault injector): such a command runs in a new interpreter
+_OWN_PROCESS = ("trainer.devices=", "trainer.strategy=", "trainer.accelerator=", "rollout=vllm", "+callbacks.fault.")
 
 
-def run_train(*overrides: str, timeout: int = 600, own_process: bool = False) -> subprocess.CompletedProcess:
-    """``scripts/train.py cache_dir=<tests' cache> *overrides``, asserted to exit 0.
+def run_train(
+    *overrides: str, timeout: int = 600, own_process: bool = False, expect: int = 0
+) -> subprocess.CompletedProcess:
+    """``scripts/train.py cache_dir=<tests' cache> *overrides``, asserted to exit ``expect``.
 
     Runs in this process (``runpy`` of the script as ``__main__`` with its argv: the same preflight,
     Hydra run directory, logging and exit codes; its output captured) unless ``own_process`` or an
-    override asks for ranks, devices or an engine of its own: a run then costs its own seconds, not
-    the ~7 s a new interpreter spends importing torch, Lightning and transformers. The kill and
-    signal tests start their own subprocesses (they must)."""
-    own_process = own_process or any(o.startswith(_OWN_PROCESS) for o in overrides)
-    proc = run_command(train_cmd(*overrides), timeout=timeout, own_process=own_process)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    override asks for ranks, devices, an engine or a signal of its own: a run then costs its own
+    seconds, not the ~10 s a new interpreter spends importing torch, Lightning and transformers. A
+    run the fault injector stops (``faults.fault_overrides``) always has its own process: its
+    resume, in this one, is the README's command as a user runs it."""
+    proc = run_train_unchecked(*overrides, timeout=timeout, own_process=own_process)
+    assert proc.returncode == expect, (
+        f"exit {proc.returncode}, expected {expect}:\n" + proc.stdout[-3000:] + proc.stderr[-6000:]
+    )
     return proc
+
+
+def run_train_unchecked(*overrides: str, timeout: int = 600, own_process: bool = False) -> subprocess.CompletedProcess:
+    """``run_train`` without the exit code's check: in this process or its own, as ``run_train`` says."""
+    own_process = own_process or any(o.startswith(_OWN_PROCESS) for o in overrides)
+    return run_command(train_cmd(*overrides), timeout=timeout, own_process=own_process)
 
 
 def run_script(script: str, *args: str) -> subprocess.CompletedProcess:

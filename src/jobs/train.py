@@ -64,6 +64,9 @@ def quiet_known_library_output() -> None:
     # The datamodules restore their mid-epoch position themselves (their state_dict), so
     # Lightning's "dataloader is not resumable" warning does not apply.
     warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch")
+    # A resume writes into its own checkpoint folder by design; a fresh run into an existing run
+    # directory is refused before Lightning starts (preflight), so this never says more.
+    warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
         logging.getLogger(name).addFilter(_DROP_LIGHTNING_TIP)  # one instance: added once per logger
     # Lightning prints through a console handler of its own and through the root logger (which

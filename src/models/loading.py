@@ -95,3 +95,22 @@ def decoder_of(model):
     if body is None:
         body = base.get_decoder()
     return body
+
+
+# Model types whose forward returns the input embedding table's rows, unscaled, as hidden state 0
+# (Gemma's, for one, are scaled: read through its forward).
+LAYER_0_IS_THE_TABLE = ("llama", "mistral", "qwen2", "qwen3")
+
+
+def input_embedding_rows(model, input_ids: torch.Tensor) -> torch.Tensor | None:
+    """The hidden states [B, L, H] at layer 0 of ``input_ids`` [B, L], read from the model's input
+    embedding table without running its layers: equal, bit for bit, to ``hidden_states[0]`` of its
+    forward. None where that does not hold or cannot be read so: another model type, or weights
+    sharded by FSDP2 / ZeRO-3 (gathered only inside the model's own forward)."""
+    from src.rollout.engines.hf import sharding_of
+
+    if getattr(getattr(model, "config", None), "model_type", None) not in LAYER_0_IS_THE_TABLE:
+        return None
+    if sharding_of(model) is not None:
+        return None
+    return model.get_input_embeddings()(input_ids)

@@ -32,6 +32,7 @@ from src.algorithms.losses import (
     token_log_probs_and_entropy,
 )
 from src.config.schema import AlgorithmGroupConfig, DualSettings, RouterHeadConfig
+from src.models.loading import input_embedding_rows
 from src.models.router_policy import RouterPolicy
 from src.models.sharding import fully_shard_policy
 from src.models.shared_prefix import prompt_groups, response_logit_pieces
@@ -163,9 +164,11 @@ class ToolRouterModule(pl.LightningModule):
         if self.router_cfg.input == "base_embeddings":
             return self.router_head.embed(prompt_ids)
         with torch.set_grad_enabled(track):
+            rows = input_embedding_rows(self.actor, prompt_ids) if self.router_cfg.hidden_layer == 0 else None
+            if rows is not None:  # layer 0 is the table's rows: no layer needs to run
+                return rows
             # Through the actor's own forward (not its decoder's): sharding wrappers (FSDP2, ZeRO-3)
-            # gather the weights in that forward's hooks. One logit row keeps the LM head's cost
-            # nil; the last hidden state is the decoder's, bit for bit.
+            # gather the weights in its hooks. One logit row keeps the LM head's cost nil.
             return self.actor(
                 input_ids=prompt_ids,
                 attention_mask=prompt_mask,
@@ -263,8 +266,7 @@ class ToolRouterModule(pl.LightningModule):
         """log-probs (and entropy) at the sampling temperature of the last ``width`` tokens. -> [n, width].
 
         groups [n]: the rows' prompt groups; given, each group's prompt is run once
-        (``src.models.shared_prefix``), else every row runs its whole sequence.
-        """
+        (``src.models.shared_prefix``), else every row runs its whole sequence."""
         pieces = response_logit_pieces(model, ids, mask, position_ids(mask), width, groups)
         targets, stats, start = ids[:, -width:], [], 0
         for logits in pieces:  # each piece on its own: no concatenated [n, width, V] copy

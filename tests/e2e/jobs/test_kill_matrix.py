@@ -17,14 +17,13 @@ incomplete validation, the ``epoch`` point kept once per step.
 from __future__ import annotations
 
 import signal
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
 from faults import fault_overrides
-from jobhelpers import REPO, ROUTER_RUN_OVERRIDES, TRAIN_ENV, train_cmd
+from jobhelpers import ROUTER_RUN_OVERRIDES, run_train
 from runoutputs import assert_same_outputs, event_entries
 
 from src.callbacks.run_logs import RunTensorBoardLogger, truncate_event_file, truncate_rollouts
@@ -35,16 +34,9 @@ RUN = [*ROUTER_RUN_OVERRIDES, "trainer.max_steps=4"]
 
 
 def _run(run_dir: Path, *overrides: str, expect: int = 0) -> None:
-    proc = subprocess.run(
-        train_cmd(*RUN, f"run_dir={run_dir}", *overrides),
-        cwd=REPO,
-        env=TRAIN_ENV,
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == expect, f"exit {proc.returncode}, expected {expect}:\n{proc.stderr[-6000:]}"
+    """A run stopped by the fault injector has its own process; the others (the uninterrupted run,
+    every resume) run in this one (``jobhelpers.run_train``)."""
+    run_train(*RUN, f"run_dir={run_dir}", *overrides, timeout=900, expect=expect)
 
 
 @pytest.fixture(scope="module")

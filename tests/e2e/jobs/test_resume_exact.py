@@ -12,7 +12,6 @@ clean-up of interrupted writes, the start-up checks.
 from __future__ import annotations
 
 import signal
-import subprocess
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -20,7 +19,7 @@ import pandas as pd
 import pytest
 import torch
 from faults import fault_overrides
-from jobhelpers import REPO, TRAIN_ENV, train_cmd
+from jobhelpers import run_train
 
 from src.analysis import load_scalars
 from src.callbacks.checkpointing import ManifestWriter, Preempted, StopOnSignal
@@ -48,18 +47,9 @@ UNTIMED = ("timing/", "train/tokens_per_sec")
 
 
 def _run(run_dir: Path, *overrides: str, expect: int = 0, base: list[str] = SMALL) -> str:
-    proc = subprocess.run(
-        train_cmd(*base, f"run_dir={run_dir}", *overrides),
-        cwd=REPO,
-        env=TRAIN_ENV,
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    out = proc.stdout[-3000:] + proc.stderr[-6000:]
-    assert proc.returncode == expect, f"exit {proc.returncode}, expected {expect}:\n{out}"
-    return out
+    """A run stopped by the fault injector has its own process; the others in this one."""
+    proc = run_train(*base, f"run_dir={run_dir}", *overrides, timeout=900, expect=expect)
+    return proc.stdout[-3000:] + proc.stderr[-6000:]
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ import pytest
 import torch
 import yaml
 from faults import fault_overrides
-from jobhelpers import REPO, TRAIN_ENV, train_cmd
+from jobhelpers import run_train_unchecked
 
 SMALL = [
     "experiment=router_grpo",
@@ -31,15 +31,8 @@ KILL_AT_3 = fault_overrides(3, "SIGKILL")
 
 
 def _run(run_dir: Path, *overrides: str, base=SMALL) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        train_cmd(*base, f"run_dir={run_dir}", *overrides),
-        cwd=REPO,
-        env=TRAIN_ENV,
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    """A run stopped by the fault injector has its own process; the others (the resumes) this one."""
+    return run_train_unchecked(*base, f"run_dir={run_dir}", *overrides, timeout=900)
 
 
 def _snapshot(run_dir: Path) -> dict[str, str]:

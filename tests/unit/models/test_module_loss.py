@@ -241,6 +241,29 @@ def test_router_reads_the_configured_hidden_layer(tiny, layer):
         assert not torch.allclose(module.router_logits(ids, mask), got)  # the layer matters
 
 
+def test_layer_0_is_read_from_the_table_bit_for_bit_where_the_forward_returns_it(tiny):
+    """The router's layer 0 without the actor's layers: the table's rows equal ``hidden_states[0]``
+    of the forward exactly, gradient included; a model type that may scale them (Gemma) runs the
+    forward (sharded weights too: tests/e2e/jobs/test_strategies_job.py compares FSDP2 and ZeRO-3,
+    which run it, with DDP, which reads the table)."""
+    from src.models.loading import input_embedding_rows
+
+    model, tok = copy.deepcopy(tiny[0]).train(), tiny[1]
+    rows = prompts(tok)
+    width = max(map(len, rows))
+    ids = torch.tensor([[tok.pad_token_id] * (width - len(r)) + r for r in rows])
+    mask = torch.stack([(torch.arange(width) >= width - len(r)).long() for r in rows])
+    table = model.get_input_embeddings().weight
+    got = input_embedding_rows(model, ids)
+    (grad_got,) = torch.autograd.grad(got.sin().sum(), table)
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    want = model(input_ids=ids, attention_mask=mask, position_ids=pos, output_hidden_states=True).hidden_states[0]
+    (grad_want,) = torch.autograd.grad(want.sin().sum(), table)
+    assert torch.equal(got, want) and torch.equal(grad_got, grad_want)
+    model.config.model_type = "gemma"
+    assert input_embedding_rows(model, ids) is None
+
+
 def test_router_on_base_embeddings_reads_the_frozen_table_not_the_actor(tiny):
     """``router.input=base_embeddings``: the head pools its own frozen copy of the base model's
     input embeddings, so the actor's embeddings (moved by a warm start or by RL) do not change the
