@@ -109,3 +109,12 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords and not torch.cuda.is_available():
             item.add_marker(skip)
+
+
+def pytest_unconfigure(config):
+    """vLLM shuts its engines down at interpreter exit and logs that through handlers whose stream
+    was pytest's capture, closed by then: a "Logging error" traceback per line after the summary.
+    Such errors are dropped once the tests are done (the library's own, documented switch)."""
+    import logging
+
+    logging.raiseExceptions = False

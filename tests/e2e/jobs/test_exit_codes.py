@@ -15,11 +15,12 @@ import time
 import pytest
 from jobhelpers import CACHE, REPO, train_cmd
 
-# a fresh SFT key per test run, so a warm start is trained (not found in the cache) and is long
+# a fresh SFT key per test run (drawn from the OS: in-process runs seed `random`), so a warm start
+# is trained (not found in the cache) and is long
 SFT = [
     "sft.max_steps=5000",
     "sft.log_every=2",
-    f"sft.lr={0.001 + random.random() * 1e-6}",
+    f"sft.lr={0.001 + random.SystemRandom().random() * 1e-6}",
     "sft.batch_size=2",
 ]
 

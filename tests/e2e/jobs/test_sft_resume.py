@@ -56,8 +56,9 @@ def test_experiment_sft_resumes_to_the_uninterrupted_weights(tmp_path):
     "signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["sigint", "sigterm"]
 )
 def test_warm_start_resumes_where_it_stopped(tmp_path, signum, code):
-    # a fresh warm-start key per test run, so the warm start is trained (not found in the cache)
-    sft = [*SFT, "sft.max_steps=200", f"sft.lr={0.001 + random.random() * 1e-6}"]
+    # a fresh warm-start key per test run, so the warm start is trained (not found in the cache);
+    # drawn from the OS: an in-process run in this worker seeds `random` (seed_everything)
+    sft = [*SFT, "sft.max_steps=200", f"sft.lr={0.001 + random.SystemRandom().random() * 1e-6}"]
     cmd = ("experiment=router_grpo", *sft, "trainer.max_steps=1")
     job = _Job(*cmd, f"run_dir={tmp_path / 'a'}")
     job.wait_for("SFT step 4/", timeout=300)
