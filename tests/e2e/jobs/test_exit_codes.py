@@ -15,14 +15,15 @@ import time
 import pytest
 from jobhelpers import CACHE, REPO, train_cmd
 
-# a fresh SFT key per test run (drawn from the OS: in-process runs seed `random`), so a warm start
-# is trained (not found in the cache) and is long
-SFT = [
-    "sft.max_steps=5000",
-    "sft.log_every=2",
-    f"sft.lr={0.001 + random.SystemRandom().random() * 1e-6}",
-    "sft.batch_size=2",
-]
+
+def fresh_sft_lr() -> str:
+    """An ``sft.lr`` override no earlier test run used: a new warm-start key, so the warm start is
+    trained, not found in the cache. Drawn from the OS: an in-process run seeds ``random``."""
+    return f"sft.lr={0.001 + random.SystemRandom().random() * 1e-6}"
+
+
+# a fresh SFT key per test run, so a warm start is trained and is long
+SFT = ["sft.max_steps=5000", "sft.log_every=2", fresh_sft_lr(), "sft.batch_size=2"]
 
 
 class _Job:

@@ -5,7 +5,6 @@ stopped at instead of training again."""
 
 from __future__ import annotations
 
-import random
 import signal
 
 import pytest
@@ -13,7 +12,7 @@ import torch
 from jobhelpers import CACHE, run_train
 from runoutputs import event_entries
 from safetensors.torch import load_file
-from test_exit_codes import _Job
+from test_exit_codes import _Job, fresh_sft_lr
 
 STEPS = 60
 SFT = [f"sft.max_steps={STEPS}", "sft.log_every=1", "sft.batch_size=2", "sft.lr_decay=true"]
@@ -56,9 +55,7 @@ def test_experiment_sft_resumes_to_the_uninterrupted_weights(tmp_path):
     "signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["sigint", "sigterm"]
 )
 def test_warm_start_resumes_where_it_stopped(tmp_path, signum, code):
-    # a fresh warm-start key per test run, so the warm start is trained (not found in the cache);
-    # drawn from the OS: an in-process run in this worker seeds `random` (seed_everything)
-    sft = [*SFT, "sft.max_steps=200", f"sft.lr={0.001 + random.SystemRandom().random() * 1e-6}"]
+    sft = [*SFT, "sft.max_steps=200", fresh_sft_lr()]  # trained here, not found in the cache
     cmd = ("experiment=router_grpo", *sft, "trainer.max_steps=1")
     job = _Job(*cmd, f"run_dir={tmp_path / 'a'}")
     job.wait_for("SFT step 4/", timeout=300)
