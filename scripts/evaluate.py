@@ -16,7 +16,7 @@ API-Bank levels 1-3 with ToolRL's metric (per-level table to stdout and --out-di
 
 The router alone on any RLLA parquet (no generation): per-label route shares (greedy and sampled),
 route accuracy, per-label recall / precision, tool rate and the answer-vs-tool AUC; with --budget,
-also routing under B with a p_tool threshold calibrated on --calibrate (held-out prompts):
+also routing under B with a p_route threshold calibrated on --calibrate (held-out prompts):
     python scripts/evaluate.py --run <run> --routing ../shared/data/rlla_4k/test.parquet
     python scripts/evaluate.py --run <run> --routing test.parquet --budget 0.3 --calibrate val.parquet
     python scripts/evaluate.py --run <run> --routing test.parquet --out routes.csv   # one row per prompt

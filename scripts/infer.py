@@ -6,7 +6,7 @@ the response and the tools it called.
     python scripts/infer.py --run <run> --prompt "Hi" --system "$(cat system.txt)" --route answer --json
 
 Under a tool budget B (``--budget 0.3 --calibrate held_out.parquet``) a prompt goes to its better
-tool family only when the router's p_tool = 1 - p_answer reaches a threshold set on the held-out
+tool family only when that family's probability p_route reaches a threshold set on the held-out
 prompts so that a share B of them use a tool; the realised tool rate is printed beside B at the end
 (``--route-only`` skips generation):
     python scripts/infer.py --run <run> --parquet test.parquet --limit 0 --budget 0.3 --calibrate test.parquet
@@ -64,7 +64,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtype", help="override model.dtype (e.g. float32 for a bf16 run on CPU)")
     p.add_argument("--json", action="store_true", help="print one JSON object per prompt instead of text")
     p.add_argument("--budget", type=float, help="route under this tool budget B (needs --calibrate)")
-    p.add_argument("--calibrate", help="--budget: parquet of held-out prompts the p_tool threshold is set on")
+    p.add_argument("--calibrate", help="--budget: parquet of held-out prompts the threshold is set on")
     p.add_argument("--route-only", action="store_true", help="decide routes only; no generation")
     args = p.parse_args(argv)
     if args.budget is not None and (not args.calibrate or not 0.0 <= args.budget <= 1.0 or args.route):

@@ -32,8 +32,9 @@ reaches, (learned − always_answer) / (best − always_answer); ``readable_shar
 
 Two routings of the learned router (column ``routing``): ``argmax``, the router's most probable
 route, and ``budget`` (``frontier_points(..., budget=B)``), the router as deployed under a budget:
-the p_tool threshold calibrated on the table's own prompts (``calibrate_tool_threshold``), so it
-uses a tool on ⌊B·N⌋ of them, each its more probable tool family. Held near p_tool 0.5 the argmax
+the threshold on p_route = max(p_search, p_calculate) calibrated on the table's own prompts
+(``calibrate_tool_threshold``), so it uses a tool on ⌊B·N⌋ of them, each its more probable tool
+family. Held near p_answer 0.5 the argmax
 underspends B; the budget routing spends it, and every same-rate policy is compared at that rate.
 """
 
@@ -183,7 +184,7 @@ def bootstrap_mean_ci(
 
 def routes_under_budget(table: pd.DataFrame, budget: float) -> pd.DataFrame:
     """A copy of ``table`` whose ``learned_route`` is the router's route under ``budget``: a tool
-    family (the more probable one) where p_tool = 1 − p_answer reaches the threshold calibrated on
+    family (the more probable one) where its probability p_route reaches the threshold calibrated on
     these N prompts, else ANSWER; at most ⌊budget·N⌋ prompts take a tool. Needs ``p_answer``,
     ``p_search``, ``p_calculate``."""
     import torch

@@ -9,7 +9,7 @@ average (``router.ema_decay``), as the validation rollouts, ``scripts/evaluate.p
 ``scripts/infer.py`` do.
 
 With a calibration split (``data.calib_files``, or synthetic ``data.synthetic.n_calib``) it also
-routes the held-out prompts under ``router.budget`` with the p_tool threshold calibrated on the
+routes the held-out prompts under ``router.budget`` with the p_route threshold calibrated on the
 calibration prompts (``val/routing_budgeted/*``: the realised ``tool_rate`` on prompts the threshold
 never saw, the threshold, the routing metrics), as ``scripts/infer.py --budget`` routes.
 

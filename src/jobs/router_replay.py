@@ -149,7 +149,7 @@ def replay(
     steps' mean cost, λ range and training accuracies, and the final head's
     (its Polyak average where ``cfg.ema_decay`` > 0, as a run evaluates it) accuracies and tool
     rate on ``test``: greedy (argmax), and under the budget (``test_budgeted_*``:
-    a p_tool threshold calibrated on ``test`` itself, so its tool rate is B up to ties). Greedy
+    a p_route threshold calibrated on ``test`` itself, so its tool rate is B up to ties). Greedy
     family accuracy counts tool-routed prompts only, so a head that sends few prompts to a tool
     scores high on it while spending far less than B; the budgeted figures are read at B.
     """
@@ -218,7 +218,7 @@ def route_frame(test: ReplayTable, probs: torch.Tensor, records: Sequence | None
 
 
 def budget_gain_shares(frame: pd.DataFrame, budget: float) -> dict[str, float]:
-    """The frame's routes under ``budget`` (the p_tool threshold calibrated on these prompts): their
+    """The frame's routes under ``budget`` (the p_route threshold calibrated on these prompts): their
     share of ``best``'s and ``readable``'s reward gain over always-answer (``src.frontier.gain_share``)."""
     from src.frontier import frontier_points
 

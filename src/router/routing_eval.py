@@ -16,9 +16,13 @@ Metrics (``None`` where the denominator is empty):
     auc_answer_vs_tool     P(p_tool of a tool-labelled prompt > p_tool of an ANSWER-labelled one),
                            ties count half; p_tool = 1 − p_answer; 0.5 is chance
 
-Under a budget B the router keeps its family choice but sends a prompt to a tool only when its
-p_tool reaches a threshold; ``calibrate_tool_threshold`` picks the threshold on held-out prompts
-so that a share B of them (no more) is routed to a tool.
+Under a budget B the router keeps its family choice but sends a prompt to a tool only when
+p_route = max(p_search, p_calculate), the probability of the tool route it would take, reaches a
+threshold; ``calibrate_tool_threshold`` picks the threshold on held-out prompts so that a share B
+of them (no more) is routed to a tool. Ranking by p_route rather than p_tool = 1 − p_answer keeps
+the budget off prompts whose tool mass is split between families or sits on a family the router
+has given up: such a prompt's p_tool can be high while the route it would take is unlikely
+(24 real runs, docs/router_demo.md "The budget ranked by the route's own probability").
 """
 
 from __future__ import annotations
@@ -106,36 +110,37 @@ def answer_vs_tool_auc(probs: torch.Tensor, labels: Sequence[str]) -> float | No
 
 
 def calibrate_tool_threshold(probs: torch.Tensor, budget: float) -> float:
-    """The smallest p_tool threshold t such that the share of prompts with p_tool ≥ t is ≤ budget.
+    """The smallest p_route threshold t such that the share of prompts with p_route ≥ t is ≤ budget.
 
     Routing with it (``budget_routes``) spends a tool on at most ⌊B·N⌋ of these prompts (fewer only
-    where p_tool ties straddle the cut). ``budget`` in [0, 1]; 1 returns 0 (every prompt may use a tool).
+    where p_route ties straddle the cut). ``budget`` in [0, 1]; 1 returns 0 (every prompt may use a tool).
     """
     if not 0.0 <= budget <= 1.0 or math.isnan(budget):
         raise ValueError(f"budget must be in [0, 1], got {budget}")
     if probs.ndim != 2 or probs.shape[0] == 0:
         raise ValueError(f"need a non-empty [N, 3] probability tensor, got {tuple(probs.shape)}")
-    p_tool = sorted(_p_tool(probs).tolist(), reverse=True)
-    k = math.floor(budget * len(p_tool) + 1e-9)  # prompts allowed a tool
-    if k >= len(p_tool):
+    p_route = sorted(_p_route(probs).tolist(), reverse=True)
+    k = math.floor(budget * len(p_route) + 1e-9)  # prompts allowed a tool
+    if k >= len(p_route):
         return 0.0
-    if k == 0:  # above every p_tool there can be (1 - p_answer <= 1)
+    if k == 0:  # above every p_route there can be (a probability <= 1)
         return math.nextafter(1.0, math.inf)
-    cut = p_tool[k]  # the best prompt left out: the threshold must lie above it
+    cut = p_route[k]  # the best prompt left out: the threshold must lie above it
     above = math.nextafter(cut, math.inf)
-    if p_tool[k - 1] <= above:  # a tie straddles the cut
+    if p_route[k - 1] <= above:  # a tie straddles the cut
         return above
-    # midway to the worst prompt let in: the same prompts' p_tool computed in another batch layout
+    # midway to the worst prompt let in: the same prompts' p_route computed in another batch layout
     # (other padding, another summation order) moves by float noise and must not cross the cut
-    return max(above, cut + (p_tool[k - 1] - cut) / 2)
+    return max(above, cut + (p_route[k - 1] - cut) / 2)
 
 
 def budget_routes(probs: torch.Tensor, threshold: float) -> torch.Tensor:
-    """[N] long routes: the better tool family where p_tool ≥ ``threshold``, else answer (0)."""
+    """[N] long routes: the more probable tool family where its probability p_route ≥ ``threshold``,
+    else answer (0)."""
     if probs.ndim != 2 or probs.shape[1] != 3:
         raise ValueError(f"probs must be [N, 3], got {tuple(probs.shape)}")
     family = 1 + probs[:, 1:].argmax(dim=-1)
-    return torch.where(_p_tool(probs) >= threshold, family, torch.zeros_like(family))
+    return torch.where(_p_route(probs) >= threshold, family, torch.zeros_like(family))
 
 
 def budget_route_probs(probs: torch.Tensor, threshold: float) -> torch.Tensor:
@@ -144,10 +149,10 @@ def budget_route_probs(probs: torch.Tensor, threshold: float) -> torch.Tensor:
     return torch.nn.functional.one_hot(budget_routes(probs, threshold), 3).to(probs.dtype)
 
 
-def _p_tool(probs: torch.Tensor) -> torch.Tensor:
-    """1 − p_answer in float64: the threshold lies one float64 step above a p_tool value, which a
-    float32 comparison would round back onto it (routing one prompt too many)."""
-    return 1.0 - probs[:, 0].to(torch.float64)
+def _p_route(probs: torch.Tensor) -> torch.Tensor:
+    """[N] max(p_search, p_calculate) in float64: the threshold lies one float64 step above a
+    p_route value, which a float32 comparison would round back onto it (routing one prompt too many)."""
+    return probs[:, 1:].to(torch.float64).amax(dim=-1)
 
 
 def routing_scalars(logits: torch.Tensor, labels: Sequence[str], prefix: str) -> dict[str, float]:
@@ -166,7 +171,7 @@ def budgeted_scalars(
     logits: torch.Tensor, labels: Sequence[str], threshold: float, prefix: str
 ) -> dict[str, float]:
     """``{prefix}/routing_budgeted/<metric>``: the P labelled prompts (logits [P, 3]) routed under a
-    budget with the p_tool ``threshold`` calibrated on other prompts (``calibrate_tool_threshold``),
+    budget with the p_route ``threshold`` calibrated on other prompts (``calibrate_tool_threshold``),
     so the realised ``tool_rate`` measures how the budget holds on prompts the threshold never saw;
     plus the ``threshold`` itself."""
     probs = torch.softmax(logits.detach().to(torch.float64).cpu(), dim=-1)

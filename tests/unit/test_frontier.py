@@ -193,11 +193,11 @@ def _with_probs(table: pd.DataFrame, seed: int) -> pd.DataFrame:
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("budget", [0.0, 0.1, 0.3, 0.5, 1.0])
 def test_routes_under_budget_match_a_plain_loop(seed, budget):
-    """The floor(B·N) prompts with the highest p_tool = 1 − p_answer take their more probable tool
+    """The floor(B·N) prompts with the highest p_route = max(p_search, p_calculate) take that tool
     family, the rest ANSWER, whatever the argmax said."""
     table = _with_probs(_table(seed, n=40), seed)
     rows = table.to_dict("records")
-    ranked = sorted(range(len(rows)), key=lambda i: -(1 - rows[i]["p_answer"]))
+    ranked = sorted(range(len(rows)), key=lambda i: -max(rows[i]["p_search"], rows[i]["p_calculate"]))
     expected = ["answer"] * len(rows)
     for i in ranked[: int(budget * len(rows) + 1e-9)]:
         expected[i] = "calculate" if rows[i]["p_calculate"] > rows[i]["p_search"] else "search"

@@ -189,7 +189,7 @@ def test_validation_reads_the_router_alone_on_the_whole_held_out_split(router_ru
             assert logged == pytest.approx(value, abs=1e-6), f"val/routing_{mode}/{name}"
             assert by_step.loc[steps[-1], name] == pytest.approx(value, abs=1e-12)
 
-    # data.synthetic.n_calib: the p_tool threshold is set on the calibration split, then routes the
+    # data.synthetic.n_calib: the p_route threshold is set on the calibration split, then routes the
     # held-out prompts (val/routing_budgeted/*, the table's route_budgeted column)
     from src.datamodules.prepare import calibration_files
     from src.router.routing_eval import budget_routes, calibrate_tool_threshold

@@ -118,7 +118,8 @@ def test_evaluate_calibrates_on_the_calibration_split_and_prints_the_budgeted_me
     assert printed["calibration"]["calibrated_on"] == calib and printed["calibration"]["tool_rate"] <= 16 / 64
     routes = pd.read_parquet(router_run / "rollouts" / "val" / "routes_00000005.parquet")
     threshold = printed["calibration"]["threshold"]
-    expected = float(((1.0 - routes["p_answer"]) >= threshold).mean())  # the last validation's readings
+    p_route = routes[["p_search", "p_calculate"]].max(axis=1)
+    expected = float((p_route >= threshold).mean())  # the last validation's readings
     assert printed["budgeted"]["tool_rate"] == pytest.approx(expected, abs=1 / len(routes))
 
 

@@ -99,12 +99,12 @@ def test_threshold_routes_at_most_budget_and_no_fewer_without_ties(budget, dtype
     t = calibrate_tool_threshold(probs, budget)
     routes = budget_routes(probs, t)
     n_tool = int((routes != 0).sum())
-    assert n_tool == int(budget * 200 + 1e-9)  # continuous p_tool: no ties, exactly floor(B·N)
+    assert n_tool == int(budget * 200 + 1e-9)  # continuous p_route: no ties, exactly floor(B·N)
     family = 1 + probs[:, 1:].argmax(dim=-1)
     assert torch.equal(routes[routes != 0], family[routes != 0])
     with pytest.raises(ValueError, match="budget"):
         calibrate_tool_threshold(probs, 1.5)
-    # the same prompts read again in another batch layout: p_tool moves by float noise only
+    # the same prompts read again in another batch layout: p_route moves by float noise only
     jitter = probs * (
         1 + 1e-6 * torch.randn(probs.shape, generator=torch.Generator().manual_seed(1), dtype=dtype)
     )
@@ -113,6 +113,15 @@ def test_threshold_routes_at_most_budget_and_no_fewer_without_ties(budget, dtype
     onehot = budget_route_probs(probs, t)
     assert onehot.dtype == dtype and torch.equal(onehot.sum(-1), torch.ones(200, dtype=dtype))
     assert torch.equal(onehot.argmax(-1), routes)
+
+
+def test_budget_ranks_prompts_by_the_probability_of_the_route_they_would_take():
+    """The first prompt has the most tool mass (p_tool 0.6) but splits it: the search route it would
+    take has 0.3. The second would take search with 0.55: the one tool the budget allows is its."""
+    probs = torch.tensor([[0.40, 0.30, 0.30], [0.45, 0.55, 0.00], [0.90, 0.04, 0.06]], dtype=torch.float64)
+    t = calibrate_tool_threshold(probs, 1 / 3)
+    assert budget_routes(probs, t).tolist() == [0, 1, 0]
+    assert budget_routes(probs, calibrate_tool_threshold(probs, 2 / 3)).tolist() == [1, 1, 0]
 
 
 def test_budgeted_scalars_route_held_out_prompts_with_a_threshold_set_elsewhere():
@@ -124,8 +133,8 @@ def test_budgeted_scalars_route_held_out_prompts_with_a_threshold_set_elsewhere(
     held_out = held_out / held_out.sum(-1, keepdim=True)
     t = calibrate_tool_threshold(calib, 0.3)
     got = budgeted_scalars(held_out.log(), labels, t, "val")
-    p_tool = [1.0 - row[0] for row in held_out.tolist()]
-    rate = sum(p >= t for p in p_tool) / len(p_tool)
+    p_route = [max(row[1], row[2]) for row in held_out.tolist()]
+    rate = sum(p >= t for p in p_route) / len(p_route)
     assert got["val/routing_budgeted/threshold"] == t
     assert got["val/routing_budgeted/tool_rate"] == pytest.approx(rate, abs=1e-12)
     assert rate < 0.28  # calibrated elsewhere: not 0.3 by construction
