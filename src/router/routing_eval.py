@@ -22,7 +22,7 @@ threshold; ``calibrate_tool_threshold`` picks the threshold on held-out prompts 
 of them (no more) is routed to a tool. Ranking by p_route rather than p_tool = 1 − p_answer keeps
 the budget off prompts whose tool mass is split between families or sits on a family the router
 has given up: such a prompt's p_tool can be high while the route it would take is unlikely
-(24 real runs, docs/router_demo.md "The budget ranked by the route's own probability").
+(33 real runs, docs/router_demo.md "The budget ranked by the route's own probability").
 """
 
 from __future__ import annotations
