@@ -34,8 +34,8 @@ Two routings of the learned router (column ``routing``): ``argmax``, the router'
 route, and ``budget`` (``frontier_points(..., budget=B)``), the router as deployed under a budget:
 the threshold on p_route = max(p_search, p_calculate) calibrated on the table's own prompts
 (``calibrate_tool_threshold``), so it uses a tool on ⌊B·N⌋ of them, each its more probable tool
-family. Held near p_answer 0.5 the argmax
-underspends B; the budget routing spends it, and every same-rate policy is compared at that rate.
+family. Held near p_answer 0.5 the argmax underspends B; the budget routing spends it, and every
+same-rate policy is compared at that rate.
 """
 
 from __future__ import annotations
