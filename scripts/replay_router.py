@@ -98,7 +98,7 @@ def refit_sif(policy) -> None:
     from src.jobs.router_pooling import fit_sif_pooling
 
     ids = [policy.prompt_ids(r.messages) for r in split_records(policy.config, "train", 0)]
-    fit_sif_pooling(policy.module, ids, policy.tokenizer.pad_token_id)
+    fit_sif_pooling(policy.module, ids, policy.tokenizer)
 
 
 def with_inputs_from(run: Path, source: str, train, test, limit: int):

@@ -112,6 +112,10 @@ class RouterHeadConfig:
     # sif: the weight of a token that never occurs in the training prompts' tails (1.0: plain SIF,
     # a / (a + 0)); 0.0 pools a prompt over the tokens the router was trained on
     sif_unseen_weight: float = 1.0
+    # sif: what is unseen. "token": each such token. "word": every piece of a word that has one (a
+    # new word's known pieces, e.g. the bare space mark a byte-level BPE leaves before new letters,
+    # then weigh sif_unseen_weight too, not what they meant in training). Training pools the same
+    sif_unseen_unit: str = "token"
     # which of the backbone's hidden states the head pools: -1 the last layer's; 0 the input
     # embeddings (a bag of the prompt's tokens, which a small model's upper layers may not beat on
     # prompts phrased unlike any training prompt); k the output of layer k

@@ -204,6 +204,7 @@ def _router(cfg: DictConfig) -> list[str]:
     if r.pooling == "sif":
         problems += positive({"router.sif_a": r.sif_a, "router.tail_tokens": r.tail_tokens})
         problems += positive({"router.sif_unseen_weight": r.sif_unseen_weight}, strict=False)
+        problems += one_of("router.sif_unseen_unit", r.sif_unseen_unit, ("token", "word"))
     problems += positive({"router.lambda_every_k": r.lambda_every_k})
     problems += positive({"router.lambda_kp": r.lambda_kp, "router.lambda_kd": r.lambda_kd}, strict=False)
     problems += in_range("router.lambda_cost_ema", r.lambda_cost_ema, 0.0, 1.0, high_open=True)

@@ -13,11 +13,17 @@ from pathlib import Path
 import torch
 
 from src.atomic_files import atomic_file
-from src.router.head import common_component, sif_token_weights, token_counts
+from src.router.head import common_component, sif_token_weights, token_counts, word_starts
 
 log = logging.getLogger(__name__)
 
-__all__ = ["base_input_embeddings", "fit_sif_pooling", "set_up_router_input", "training_prompt_ids"]
+__all__ = [
+    "base_input_embeddings",
+    "fit_sif_pooling",
+    "set_up_router_input",
+    "training_prompt_ids",
+    "vocabulary_word_starts",
+]
 
 
 def base_input_embeddings(path) -> torch.Tensor:
@@ -41,9 +47,17 @@ def training_prompt_ids(datamodule) -> list[list[int]]:
     return [list(r["prompt_ids"]) for r in datamodule.train_dataset.records]
 
 
+def vocabulary_word_starts(tokenizer, vocab_size: int) -> torch.Tensor:
+    """[vocab_size] bool: which token ids begin a word (``src.router.head.word_starts``); ids past
+    the tokenizer's vocabulary (an embedding table padded to a multiple) count as word starts."""
+    ids = list(range(min(vocab_size, len(tokenizer))))
+    tokens = tokenizer.convert_ids_to_tokens(ids) + [None] * (vocab_size - len(ids))
+    return word_starts(tokens)
+
+
 @torch.no_grad()
 def fit_sif_pooling(
-    module, prompt_ids: Sequence[list[int]], pad_id: int, batch_size: int = 32, cache_dir: Path | None = None
+    module, prompt_ids: Sequence[list[int]], tokenizer, batch_size: int = 32, cache_dir: Path | None = None
 ) -> dict:
     """Set ``module.router_head``'s SIF weights and common component from ``prompt_ids`` (the
     training prompts) and the module's current backbone. Returns what was fitted, to log.
@@ -62,7 +76,9 @@ def fit_sif_pooling(
         raise ValueError("router.pooling=sif: no training prompts to fit the token weights on")
     counts = token_counts(prompt_ids, head.sif_weight.numel(), cfg.tail_tokens)
     weight = sif_token_weights(counts, cfg.sif_a, cfg.sif_unseen_weight)
-    head.set_sif(weight, torch.zeros_like(head.sif_component))  # weighted means, nothing removed
+    words = _word_unit_statistics(cfg, counts, tokenizer)
+    # weighted means, nothing removed; on the training windows the two unseen units pool the same
+    head.set_sif(weight, torch.zeros_like(head.sif_component), **words)
     cached = (
         None
         if cache_dir is None
@@ -74,7 +90,7 @@ def fit_sif_pooling(
     else:
         pooled = []
         for start in range(0, len(prompt_ids), batch_size):
-            ids, mask = left_pad(list(prompt_ids[start : start + batch_size]), pad_id)
+            ids, mask = left_pad(list(prompt_ids[start : start + batch_size]), tokenizer.pad_token_id)
             hidden = module.router_hidden(ids.to(module.device), mask.to(module.device))
             pooled.append(head.represent(hidden, mask.to(hidden.device), ids).float().cpu())
         pooled = torch.cat(pooled)
@@ -83,7 +99,7 @@ def fit_sif_pooling(
         if cached is not None:
             with atomic_file(cached) as tmp:
                 torch.save({"component": component, "component_share": share}, tmp)
-    head.set_sif(weight, component)
+    head.set_sif(weight, component, **words)
     fitted = {
         "prompts": len(prompt_ids),
         "distinct_tokens": int((counts > 0).sum()),
@@ -91,13 +107,22 @@ def fit_sif_pooling(
         "component_share": share,
     }
     log.info(
-        "router SIF pooling fitted (a=%s, unseen tokens %s%s): %s",
+        "router SIF pooling fitted (a=%s, unseen %ss %s%s): %s",
         cfg.sif_a,
+        cfg.sif_unseen_unit,
         cfg.sif_unseen_weight,
         ", read from the cache" if hit else "",
         fitted,
     )
     return fitted
+
+
+def _word_unit_statistics(cfg, counts: torch.Tensor, tokenizer) -> dict[str, torch.Tensor]:
+    """``router.sif_unseen_unit: word``: which tokens the training windows hold and which begin a
+    word (``RouterHead.set_sif``'s seen / word_start); nothing for the token unit."""
+    if cfg.sif_unseen_unit != "word":
+        return {}
+    return {"seen": counts > 0, "word_start": vocabulary_word_starts(tokenizer, counts.numel())}
 
 
 def _fit_key(module, prompt_ids: Sequence[list[int]], batch_size: int) -> str:
@@ -106,7 +131,7 @@ def _fit_key(module, prompt_ids: Sequence[list[int]], batch_size: int) -> str:
     cfg = module.router_cfg
     pooling = [
         getattr(cfg, k)
-        for k in ("pooling", "tail_tokens", "sif_a", "sif_unseen_weight", "hidden_layer", "input")
+        for k in ("pooling", "tail_tokens", "sif_a", "sif_unseen_weight", "sif_unseen_unit", "hidden_layer", "input")
     ]
     actor = (
         module.actor.config.to_json_string()
@@ -135,7 +160,7 @@ def _read_fit(path: Path) -> tuple[torch.Tensor, float]:
     return saved["component"], float(saved["component_share"])
 
 
-def set_up_router_input(module, base_dir, datamodule, pad_id: int, cache_dir: Path | None = None) -> None:
+def set_up_router_input(module, base_dir, datamodule, tokenizer, cache_dir: Path | None = None) -> None:
     """Before a fresh run's first step: the base model's embedding table into the head
     (``router.input: base_embeddings``; ``base_dir`` the model before any warm start), then the SIF
     statistics on the starting backbone (``router.pooling: sif``), in that order: SIF pools what the
@@ -143,4 +168,4 @@ def set_up_router_input(module, base_dir, datamodule, pad_id: int, cache_dir: Pa
     if module.router_cfg.input == "base_embeddings":
         module.router_head.set_base_embedding(base_input_embeddings(base_dir))
     if module.router_cfg.pooling == "sif":
-        fit_sif_pooling(module, training_prompt_ids(datamodule), pad_id, cache_dir=cache_dir)
+        fit_sif_pooling(module, training_prompt_ids(datamodule), tokenizer, cache_dir=cache_dir)

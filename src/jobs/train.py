@@ -122,7 +122,7 @@ def train(cfg: DictConfig, validated: bool = False) -> tuple[dict[str, float], d
         check_checkpoint_shapes(point, module, OmegaConf.to_container(cfg, resolve=True))
     if ckpt is None and module.router_head is not None:  # a resumed run restores them from its checkpoint
         set_up_router_input(
-            module, base_model_dir(cfg), datamodule, tokenizer.pad_token_id, Path(cfg.cache_dir)
+            module, base_model_dir(cfg), datamodule, tokenizer, Path(cfg.cache_dir)
         )
     trainer = build_trainer(cfg, tokenizer, point)
     if ckpt is not None:

@@ -17,7 +17,7 @@ from src.algorithms.losses import ema_warmup_decay, linear_decay, router_loss
 from src.config.schema import RouterHeadConfig
 from src.models.shared_prefix import rows_of
 from src.rollout.batch import RouterRollout
-from src.router.head import RouterHead
+from src.router.head import RouterHead, UnseenRule
 
 
 class RouterPolicy(RouterHead):
@@ -45,6 +45,7 @@ class RouterPolicy(RouterHead):
             tail_tokens=cfg.tail_tokens,
             vocab_size=vocab_size,
             base_embeddings=cfg.input == "base_embeddings",
+            unseen=UnseenRule(cfg.sif_unseen_weight, cfg.sif_unseen_unit),
         )
         self.cfg, self.adv_eps = cfg, adv_eps
         if cfg.ema_decay > 0:

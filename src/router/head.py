@@ -13,12 +13,19 @@ singular vector), which every prompt shares and which carries no label.
 
 A token that never occurs in the training windows has p = 0, so plain SIF gives it the full weight
 1, though the router head never read it in training (a tiny tokenizer cuts a held-out phrasing's
-new words into such pieces): ``unseen_weight`` sets what it weighs instead. At 0 a prompt pools
+new words into such pieces): ``UnseenRule.weight`` sets what it weighs instead. At 0 a prompt pools
 over the tokens training gave the head, and a window of unseen tokens only pools to zero.
+
+A new word is not always cut into unseen pieces only: a byte-level BPE cuts " details" into a bare
+space marker, which training saw before every number, and three pieces it never saw. With
+``UnseenRule.unit="word"`` every piece of a word that has an unseen piece weighs ``UnseenRule.weight``, so
+the known fragments of a new word do not speak for it. Training prompts have no unseen piece in
+their windows, so on them the two units pool the same.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -76,6 +83,15 @@ class RouterOutput:
     router_log_prob: torch.Tensor  # [B]
 
 
+@dataclass(frozen=True)
+class UnseenRule:
+    """SIF pooling of what the training windows never held: a token absent from them weighs
+    ``weight``; with ``unit="word"`` so does every other piece of its word."""
+
+    weight: float = 1.0
+    unit: str = "token"
+
+
 class RouterHead(nn.Module):
     """MLP over the pooled prompt representation.
 
@@ -86,25 +102,31 @@ class RouterHead(nn.Module):
 
     With ``base_embeddings`` it holds ``base_embedding`` [vocab_size, hidden_size], a frozen copy of
     the base model's input embedding table (``set_base_embedding``, checkpointed with the head), and
-    ``embed`` reads the prompt's tokens from it instead of the actor's hidden states."""
+    ``embed`` reads the prompt's tokens from it instead of the actor's hidden states.
+
+    With ``unseen.unit == "word"`` (SIF only) it also holds ``sif_seen`` [vocab_size] (the token occurs
+    in the training windows) and ``sif_word_start`` [vocab_size] (the token begins a word), set with
+    the weights; until then every token is seen and its own word: the per-token weights as they are."""
 
     def __init__(
         self,
         hidden_size: int,
         mlp_hidden: int = 64,
         pooling: str = "last",
-        dropout: float = 0.0,
         tail_tokens: int = 32,
         vocab_size: int | None = None,
         base_embeddings: bool = False,
+        unseen: UnseenRule = UnseenRule(),
     ):
         super().__init__()
-        self.pooling, self.tail_tokens = pooling, tail_tokens
+        self.pooling, self.tail_tokens, self.unseen = pooling, tail_tokens, unseen
+        if unseen.unit not in ("token", "word"):
+            raise ValueError(f"router.sif_unseen_unit={unseen.unit!r}; expected 'token' or 'word'")
         self.mlp = nn.Sequential(
             nn.LayerNorm(hidden_size),
             nn.Linear(hidden_size, mlp_hidden),
             nn.GELU(),
-            nn.Dropout(dropout),
+            nn.Dropout(0.0),  # no dropout; the slot keeps the MLP's checkpoint keys ("4.weight")
             nn.Linear(mlp_hidden, N_ROUTES),
         )
         if pooling == "sif":
@@ -112,6 +134,9 @@ class RouterHead(nn.Module):
                 raise ValueError("router.pooling='sif' needs the backbone's vocab_size")
             self.register_buffer("sif_weight", torch.ones(vocab_size))
             self.register_buffer("sif_component", torch.zeros(hidden_size))
+            if unseen.unit == "word":
+                self.register_buffer("sif_seen", torch.ones(vocab_size, dtype=torch.bool))
+                self.register_buffer("sif_word_start", torch.ones(vocab_size, dtype=torch.bool))
         if base_embeddings:
             if vocab_size is None:
                 raise ValueError("router.input='base_embeddings' needs the backbone's vocab_size")
@@ -142,17 +167,32 @@ class RouterHead(nn.Module):
             return prompt_representation(hidden, attention_mask, self.pooling, self.tail_tokens)
         if prompt_ids is None:
             raise ValueError("router.pooling='sif' weighs tokens by id: pass prompt_ids")
-        weight = self.sif_weight[prompt_ids.to(self.sif_weight.device)]
+        ids = prompt_ids.to(self.sif_weight.device)
+        weight = self.sif_weight[ids]
+        if self.unseen.unit == "word":
+            tail = tail_mask(attention_mask.to(ids.device), self.tail_tokens).bool()
+            new_word = unseen_words(~self.sif_seen[ids] & tail, self.sif_word_start[ids])
+            weight = torch.where(new_word, torch.full_like(weight, self.unseen.weight), weight)
         return prompt_representation(
             hidden, attention_mask, "sif", self.tail_tokens, weight.to(hidden.device), self.sif_component
         )
 
     @torch.no_grad()
-    def set_sif(self, weight: torch.Tensor, component: torch.Tensor) -> None:
-        """Install fitted SIF statistics: weight [vocab_size], component [hidden_size]."""
+    def set_sif(
+        self,
+        weight: torch.Tensor,
+        component: torch.Tensor,
+        seen: torch.Tensor | None = None,
+        word_start: torch.Tensor | None = None,
+    ) -> None:
+        """Install fitted SIF statistics: weight [vocab_size], component [hidden_size]; with
+        ``unseen.unit == "word"`` also seen and word_start [vocab_size] bool (kept when None)."""
         if self.pooling != "sif":
             raise ValueError(f"set_sif on a head with router.pooling={self.pooling!r}")
-        for name, value in (("sif_weight", weight), ("sif_component", component)):
+        values = [("sif_weight", weight), ("sif_component", component)]
+        if self.unseen.unit == "word":
+            values += [(n, v) for n, v in (("sif_seen", seen), ("sif_word_start", word_start)) if v is not None]
+        for name, value in values:
             buf = getattr(self, name)
             if tuple(value.shape) != tuple(buf.shape):
                 raise ValueError(f"{name}: shape {tuple(value.shape)}, expected {tuple(buf.shape)}")
@@ -233,6 +273,39 @@ def sif_token_weights(counts: torch.Tensor, a: float, unseen_weight: float = 1.0
         raise ValueError("SIF weights need token counts: every count is 0")
     weight = a / (a + counts / total)
     return torch.where(counts > 0, weight, torch.full_like(weight, unseen_weight))
+
+
+def unseen_words(unseen: torch.Tensor, word_start: torch.Tensor) -> torch.Tensor:
+    """unseen [B, L] bool (an unseen token at the position), word_start [B, L] bool (the token
+    begins a word) -> [B, L] bool: True at every position of a word that has an unseen token.
+
+    A word is a word-start position and the non-start positions after it; a row's positions before
+    its first word start are one word too."""
+    word = word_start.long().cumsum(-1)  # [B, L] in 0..L: which word of the row a position is in
+    has = torch.zeros(word.shape[0], word.shape[1] + 1, dtype=torch.long, device=word.device)
+    has.scatter_reduce_(-1, word, unseen.long(), reduce="amax")
+    return has.gather(-1, word).bool()
+
+
+# byte-level BPE marks a leading space, newline or tab with these; SentencePiece marks a space with ▁
+_WORD_MARKS = ("Ġ", "Ċ", "ĉ", "▁")
+
+
+def word_starts(tokens: Sequence[str | None]) -> torch.Tensor:
+    """A tokenizer's vocabulary as strings (``convert_ids_to_tokens``; None past its end) -> [V] bool:
+    the token begins a word. WordPiece (a vocabulary with ``##`` pieces): every token but ``##``
+    pieces. Byte-level BPE and SentencePiece: a token led by a space or line mark, or by anything but
+    a letter or digit (punctuation, special tokens, bytes)."""
+    wordpiece = any(t is not None and t.startswith("##") for t in tokens)
+    flags = []
+    for t in tokens:
+        if not t:
+            flags.append(True)
+        elif wordpiece:
+            flags.append(not t.startswith("##"))
+        else:
+            flags.append(t.startswith(_WORD_MARKS) or not t[0].isalnum())
+    return torch.tensor(flags, dtype=torch.bool)
 
 
 def common_component(pooled: torch.Tensor) -> torch.Tensor:

@@ -61,11 +61,13 @@ def test_route_confusion_text_is_written_every_val_check_interval(router_run):
 
 def test_sif_pooling_is_fitted_on_the_training_prompts_and_kept_over_resume(router_run_with_resume):
     """router.pooling=sif (the demo's): before the first step the head's token weights are
-    a / (a + p) of the training prompts' pooled windows, its component a unit vector; the resumed
-    run keeps both (the checkpoint's, not a refit)."""
+    a / (a + p) of the training prompts' pooled windows, its component a unit vector, and (the word
+    unit) which tokens those windows hold and which tokens begin a word; the resumed run keeps them
+    all (the checkpoint's, not a refit)."""
     from src.datamodules.schema import read_rlla_parquet
     from src.jobs.build import data_files
     from src.jobs.inference import load_router_policy
+    from src.jobs.router_pooling import vocabulary_word_starts
     from src.router.head import sif_token_weights, token_counts
 
     run_dir, first = router_run_with_resume
@@ -83,8 +85,16 @@ def test_sif_pooling_is_fitted_on_the_training_prompts_and_kept_over_resume(rout
     assert float(weight.min()) < 0.5  # frequent tokens weigh less
     component = first["state_dict"]["router_head.sif_component"]
     assert float(component.norm()) == pytest.approx(1.0, abs=1e-5)
+    # the demo's unit: a word with a piece absent from the training tails is unseen as a whole
+    assert cfg.sif_unseen_unit == "word"
+    assert torch.equal(first["state_dict"]["router_head.sif_seen"], counts > 0)
+    starts = first["state_dict"]["router_head.sif_word_start"]
+    assert torch.equal(starts, vocabulary_word_starts(policy.tokenizer, weight.numel()))
+    space = policy.tokenizer.convert_tokens_to_ids(["Ġ"])[0]  # the bare space mark before new letters
+    assert bool(starts[space]) and not bool(starts[policy.tokenizer.convert_tokens_to_ids(["ails"])[0]])
     last = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
-    for key in ("router_head.sif_weight", "router_head.sif_component"):
+    keys = ("router_head.sif_weight", "router_head.sif_component", "router_head.sif_seen", "router_head.sif_word_start")
+    for key in keys:
         assert torch.equal(last["state_dict"][key], first["state_dict"][key])
 
 

@@ -264,7 +264,7 @@ def test_input_override_re_pools_from_the_base_models_embeddings(run, tmp_path):
     policy.module.router_hidden = lambda ids, mask, track=False: table[ids]
     records = read_rlla_parquet(data_files(policy.config)[0][0])[0]
     ids_all = [policy.prompt_ids(r.messages) for r in records]
-    fit_sif_pooling(policy.module, ids_all, policy.tokenizer.pad_token_id)
+    fit_sif_pooling(policy.module, ids_all, policy.tokenizer)
     ids, mask = left_pad(ids_all[:8], policy.tokenizer.pad_token_id)
     with torch.no_grad():
         want = policy.module.router_head.represent(policy.module.router_hidden(ids, mask), mask, ids)

@@ -7,12 +7,15 @@ import torch
 
 from src.router.head import (
     RouterHead,
+    UnseenRule,
     common_component,
     prompt_representation,
     remove_component,
     sif_token_weights,
     tail_mask,
     token_counts,
+    unseen_words,
+    word_starts,
 )
 
 
@@ -141,3 +144,70 @@ def test_unfitted_sif_head_is_the_tail_mean_and_needs_token_ids():
     w = weight[ids[:, -3:]]
     assert torch.allclose(got, (w[..., None] * h[:, -3:]).sum(1) / w.sum(1, keepdim=True), atol=1e-6)
     assert {"sif_weight", "sif_component"} <= set(head.state_dict())  # checkpointed with the head
+
+
+def _unseen_words_by_loop(unseen, start):
+    """Plain reference: walk each row, flag every position of a word with an unseen token."""
+    out = torch.zeros_like(unseen)
+    for b in range(unseen.shape[0]):
+        words, current = [], []
+        for j in range(unseen.shape[1]):
+            if start[b, j] and current:
+                words.append(current)
+                current = []
+            current.append(j)
+        words.append(current)
+        for w in words:
+            if any(bool(unseen[b, j]) for j in w):
+                out[b, w] = True
+    return out
+
+
+def test_unseen_words_match_a_loop_over_each_rows_words():
+    g = torch.Generator().manual_seed(5)
+    for _ in range(20):
+        unseen = torch.rand(4, 11, generator=g) < 0.15
+        start = torch.rand(4, 11, generator=g) < 0.4
+        assert torch.equal(unseen_words(unseen, start), _unseen_words_by_loop(unseen, start))
+    # every token its own word: the tokens themselves; no word start at all: the whole row
+    unseen = torch.tensor([[False, True, False, False]])
+    assert torch.equal(unseen_words(unseen, torch.ones_like(unseen)), unseen)
+    assert unseen_words(unseen, torch.zeros_like(unseen)).all()
+
+
+def test_word_starts_read_byte_level_sentencepiece_and_wordpiece_vocabularies():
+    byte_level = ["F", "ind", "Ġso", "me", "Ġ", "de", "ails", ".", "<|im_end|>", "Ċ", None]
+    assert word_starts(byte_level).tolist() == [False, False, True, False, True, False, False, True, True, True, True]
+    assert word_starts(["▁Find", "ing", "▁", "1", "<0x0A>"]).tolist() == [True, False, True, False, True]
+    assert word_starts(["find", "##ing", "[PAD]", "##s"]).tolist() == [True, False, True, False]
+
+
+def test_word_unit_weighs_a_new_words_known_pieces_as_unseen_and_leaves_seen_words_alone():
+    """A word with an unseen piece pools as if absent (weight 0) in every piece, within the tail;
+    a prompt whose window has no unseen piece pools exactly as under the token unit."""
+    g = torch.Generator().manual_seed(6)
+    torch.manual_seed(0)
+    word = RouterHead(8, 16, pooling="sif", tail_tokens=5, vocab_size=10, unseen=UnseenRule(0.0, "word"))
+    torch.manual_seed(0)
+    token = RouterHead(8, 16, pooling="sif", tail_tokens=5, vocab_size=10, unseen=UnseenRule(0.0))
+    seen = torch.tensor([True] * 8 + [False] * 2)  # ids 8 and 9 never occur in the training windows
+    start = torch.tensor([True, True, True, False, False, True, True, False, False, False])
+    weight = torch.where(seen, torch.rand(10, generator=g) + 0.1, torch.zeros(10))
+    component = torch.zeros(8)
+    token.set_sif(weight, component)
+    word.set_sif(weight, component, seen=seen, word_start=start)
+    assert {"sif_seen", "sif_word_start"} <= set(word.state_dict())
+    h = torch.randn(2, 7, 8, generator=g)
+    mask = torch.ones(2, 7)
+    # row 0: ids 2 (start) 3 8: a word with an unseen piece; row 1: every piece seen
+    ids = torch.tensor([[0, 1, 5, 2, 3, 8, 6], [0, 1, 5, 2, 3, 4, 6]])
+    got, plain = word.represent(h, mask, ids), token.represent(h, mask, ids)
+    assert torch.equal(got[1], plain[1])
+    w = weight[ids[0, -5:]].clone()
+    w[1:4] = 0  # positions of the word 2 3 8 inside the tail
+    assert torch.allclose(got[0], (w[:, None] * h[0, -5:]).sum(0) / w.sum(), atol=1e-6)
+    # an unseen piece outside the tail does not reach into it: id 9 then 3 (a continuation) in the tail
+    ids2 = torch.tensor([[2, 9, 3, 3, 5, 6, 1]])
+    assert torch.equal(word.represent(h[:1], mask[:1], ids2), token.represent(h[:1], mask[:1], ids2))
+    with pytest.raises(ValueError, match="sif_unseen_unit"):
+        RouterHead(8, pooling="sif", vocab_size=10, unseen=UnseenRule(0.0, "piece"))
