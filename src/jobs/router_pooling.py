@@ -129,10 +129,8 @@ def _fit_key(module, prompt_ids: Sequence[list[int]], batch_size: int) -> str:
     """sha256 of what the pooled means depend on; run before the fit, with the component zeroed."""
     digest = hashlib.sha256()
     cfg = module.router_cfg
-    pooling = [
-        getattr(cfg, k)
-        for k in ("pooling", "tail_tokens", "sif_a", "sif_unseen_weight", "sif_unseen_unit", "hidden_layer", "input")
-    ]
+    keys = ("pooling", "tail_tokens", "sif_a", "sif_unseen_weight", "sif_unseen_unit", "hidden_layer")
+    pooling = [getattr(cfg, k) for k in (*keys, "input")]
     actor = (
         module.actor.config.to_json_string()
         if hasattr(module.actor, "config")

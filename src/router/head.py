@@ -191,7 +191,8 @@ class RouterHead(nn.Module):
             raise ValueError(f"set_sif on a head with router.pooling={self.pooling!r}")
         values = [("sif_weight", weight), ("sif_component", component)]
         if self.unseen.unit == "word":
-            values += [(n, v) for n, v in (("sif_seen", seen), ("sif_word_start", word_start)) if v is not None]
+            words = (("sif_seen", seen), ("sif_word_start", word_start))
+            values += [(name, value) for name, value in words if value is not None]
         for name, value in values:
             buf = getattr(self, name)
             if tuple(value.shape) != tuple(buf.shape):

@@ -93,8 +93,8 @@ def test_sif_pooling_is_fitted_on_the_training_prompts_and_kept_over_resume(rout
     space = policy.tokenizer.convert_tokens_to_ids(["Ġ"])[0]  # the bare space mark before new letters
     assert bool(starts[space]) and not bool(starts[policy.tokenizer.convert_tokens_to_ids(["ails"])[0]])
     last = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
-    keys = ("router_head.sif_weight", "router_head.sif_component", "router_head.sif_seen", "router_head.sif_word_start")
-    for key in keys:
+    for name in ("sif_weight", "sif_component", "sif_seen", "sif_word_start"):
+        key = f"router_head.{name}"
         assert torch.equal(last["state_dict"][key], first["state_dict"][key])
 
 

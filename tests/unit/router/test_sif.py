@@ -177,7 +177,8 @@ def test_unseen_words_match_a_loop_over_each_rows_words():
 
 def test_word_starts_read_byte_level_sentencepiece_and_wordpiece_vocabularies():
     byte_level = ["F", "ind", "Ġso", "me", "Ġ", "de", "ails", ".", "<|im_end|>", "Ċ", None]
-    assert word_starts(byte_level).tolist() == [False, False, True, False, True, False, False, True, True, True, True]
+    want = [False, False, True, False, True, False, False, True, True, True, True]
+    assert word_starts(byte_level).tolist() == want
     assert word_starts(["▁Find", "ing", "▁", "1", "<0x0A>"]).tolist() == [True, False, True, False, True]
     assert word_starts(["find", "##ing", "[PAD]", "##s"]).tolist() == [True, False, True, False]
 
