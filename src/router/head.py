@@ -17,7 +17,7 @@ new words into such pieces): ``UnseenRule.weight`` sets what it weighs instead. 
 over the tokens training gave the head, and a window of unseen tokens only pools to zero.
 
 A new word is not always cut into unseen pieces only: a byte-level BPE cuts " details" into a bare
-space marker, which training saw before every number, and three pieces it never saw. With
+space marker, which training saw only before numbers, and three pieces it never saw. With
 ``UnseenRule.unit="word"`` every piece of a word that has an unseen piece weighs ``UnseenRule.weight``, so
 the known fragments of a new word do not speak for it. Training prompts have no unseen piece in
 their windows, so on them the two units pool the same.
