@@ -346,9 +346,9 @@ def _engine_lengths(cfg: DictConfig, limit: int, source: str) -> list[str]:
 # ---------------------------------------------------------------------------- values of any group
 # keys of the episode environments' own limits: each must be > 0 where the environment has it
 ENV_POSITIVE = (
-    *("rounds", "simulations", "max_steps", "command_timeout_s", "eval_timeout_s", "max_output_chars"),
-    *("memory_mb", "file_size_mb", "max_processes", "workspace_mb"),
-)
+    "rounds", "simulations", "max_steps", "command_timeout_s", "eval_timeout_s", "max_output_chars",
+    "memory_mb", "file_size_mb", "max_processes", "workspace_mb",
+)  # fmt: skip
 CONFINEMENTS = ("auto", "bwrap", "unshare")
 
 
