@@ -63,6 +63,7 @@ import torch
 
 __all__ = [
     "KL_ESTIMATORS",
+    "SUPERVISED_TERMS",
     "router_loss",
     "token_log_probs_and_entropy",
 ]
@@ -220,6 +221,48 @@ def kl_k3(log_probs: torch.Tensor, ref_log_probs: torch.Tensor) -> torch.Tensor:
 KL_ESTIMATORS.register("low_var_kl")(kl_k3)
 
 
+SupervisedTermFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+SUPERVISED_TERMS: Registry[SupervisedTermFn] = Registry("router supervised term")
+
+
+@SUPERVISED_TERMS.register("route")
+def route_cross_entropy(log_probs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean CE of the weak label over the three routes, on labelled rows.
+
+    Args:
+        log_probs: [N, 3] log π(route) (ANSWER, SEARCH, CALCULATE).
+        targets: [N] long weak labels, -1 where there is none (MIXED or unlabelled).
+    Returns:
+        scalar; 0 where no row is labelled. A tool-labelled row pulls toward a tool, against λ.
+    """
+    labelled = targets >= 0
+    if not bool(labelled.any()):
+        return log_probs.new_zeros(())
+    return torch.nn.functional.nll_loss(log_probs[labelled], targets[labelled])
+
+
+@SUPERVISED_TERMS.register("family")
+def family_cross_entropy(log_probs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean CE of the weak label between the two tool families, on tool-labelled rows.
+
+    Only the family's share of the tool mass, log π(f) − log(π(S) + π(C)), is supervised: the
+    term reads the two family logits' difference alone and leaves the answer logit untouched, so
+    which family a tool route takes is learned from the label and whether to take one from
+    r_task − λ·cost.
+
+    Args:
+        log_probs: [N, 3] log π(route) (ANSWER, SEARCH, CALCULATE).
+        targets: [N] long weak labels (0 ANSWER, 1 SEARCH, 2 CALCULATE, -1 none).
+    Returns:
+        scalar; 0 where no row is tool-labelled.
+    """
+    tool = targets >= 1
+    if not bool(tool.any()):
+        return log_probs.new_zeros(())
+    family = log_probs[tool, 1:]
+    return torch.nn.functional.nll_loss(family - family.logsumexp(-1, keepdim=True), targets[tool] - 1)
+
+
 def router_loss(
     logits: torch.Tensor,
     actions: torch.Tensor,
@@ -227,14 +270,17 @@ def router_loss(
     entropy_coef: float = 0.0,
     sup_coef: float = 0.0,
     sup_targets: torch.Tensor | None = None,
+    sup_term: str = "route",
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """L = -mean(log π(a)·A) - c_H·mean(H(π)) + c_sup·CE(logits, target) over labelled rows.
+    """L = -mean(log π(a)·A) - c_H·mean(H(π)) + c_sup·CE(π, target) over labelled rows.
 
     Args:
         logits: [N, 3] router logits, one row per rollout (copies of a prompt repeat its logits).
         actions: [N] long, the sampled routes.
         advantages: [N] the router's advantages (``router.advantage``: of r_router, or per reward term).
         sup_targets: [N] long weak labels, -1 where there is none (MIXED or unlabelled).
+        sup_term: ``SUPERVISED_TERMS`` name: "route" (CE over the three routes) or "family" (CE
+            between the two tool families, tool-labelled rows only).
     Returns:
         (scalar loss, parts dict with pg, entropy, ce).
     """
@@ -242,10 +288,9 @@ def router_loss(
     chosen = log_probs.gather(-1, actions[:, None]).squeeze(-1)
     pg = -(chosen * advantages.float()).mean()
     entropy = -(log_probs.exp() * log_probs).sum(-1).mean()
-    ce = torch.zeros((), dtype=log_probs.dtype, device=log_probs.device)
-    if sup_targets is not None and bool((sup_targets >= 0).any()):
-        labelled = sup_targets >= 0
-        ce = torch.nn.functional.nll_loss(log_probs[labelled], sup_targets[labelled])
+    ce = log_probs.new_zeros(())
+    if sup_targets is not None:
+        ce = SUPERVISED_TERMS.get(sup_term)(log_probs, sup_targets)
     loss = pg - entropy_coef * entropy + sup_coef * ce
     return loss, {"pg": pg.detach(), "entropy": entropy.detach(), "ce": ce.detach()}
 

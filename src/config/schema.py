@@ -138,7 +138,12 @@ class RouterHeadConfig:
     # coefficient falls linearly from entropy_coef to entropy_coef_final over entropy_decay_steps
     entropy_coef_final: float | None = None
     entropy_decay_steps: int = 0
+    # > 0: a cross-entropy of the weak label beside the policy gradient, sup_term picks which
+    # (src.algorithms.losses.SUPERVISED_TERMS): "route" over the three routes (a tool-labelled
+    # prompt pulls toward a tool, against λ); "family" between the two tool families on
+    # tool-labelled prompts (the family from the label, answer-or-tool from r_task − λ·cost)
     sup_coef: float = 0.0
+    sup_term: str = "route"
     lambda_init: float = 0.0
     adv_estimator: str = "grpo"  # registry name of the router's group estimator (groups by uid)
     # what the estimator standardises (src.algorithms.lagrange.ROUTER_ADVANTAGES):

@@ -2,10 +2,11 @@
 
 ``src/config`` is the bottom layer and imports no component, so the checks that ask a registry
 live here, and the config keeps no list of its own of what a registry knows: a researcher's own
-advantage, policy loss, KL estimator, aggregation mode, λ controller, router advantage or strategy,
-once registered, passes. Every registered advantage estimator compares a response with its group
-(the registry's ``fn(rewards, index)`` contract gives a group of one advantage 0), and the budget
-must be reachable under the configured tool cost (``src/router/usage.py:max_cost``).
+advantage, policy loss, KL estimator, aggregation mode, λ controller, router advantage, router
+supervised term or strategy, once registered, passes. Every registered advantage estimator
+compares a response with its group (the registry's ``fn(rewards, index)`` contract gives a group of
+one advantage 0), and the budget must be reachable under the configured tool cost
+(``src/router/usage.py:max_cost``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from src.algorithms.lagrange import DUAL_UPDATES, ROUTER_ADVANTAGES
 from src.algorithms.loss_module import ADVANTAGES, OLD_LOG_PROB_SOURCES
-from src.algorithms.losses import KL_ESTIMATORS, LOSS_AGG, POLICY_LOSSES
+from src.algorithms.losses import KL_ESTIMATORS, LOSS_AGG, POLICY_LOSSES, SUPERVISED_TERMS
 from src.algorithms.rlvcr import QUALIFY_MODES
 from src.config.validate import ConfigError, in_range, one_of, unknown_keys, validate
 from src.jobs.strategies import strategy_names
@@ -55,6 +56,7 @@ def registry_problems(cfg: DictConfig) -> list[str]:
     if cfg.router.enable:
         problems += one_of("router.lambda_update", cfg.router.lambda_update, DUAL_UPDATES)
         problems += one_of("router.advantage", cfg.router.advantage, ROUTER_ADVANTAGES)
+        problems += one_of("router.sup_term", cfg.router.sup_term, SUPERVISED_TERMS.names())
     if cfg.env.enable:
         from src.rollout.factory import STEP_FORMATS
 

@@ -117,7 +117,7 @@ class _Learner:
         rollout = RouterRollout(
             prompt_ids=None, prompt_mask=None, prompt_index=rows, action=action,
             log_prob=torch.zeros(len(rows)), cost=cost,
-            target=torch.full((len(rows),), -1), task_reward=r_task, lam=torch.full_like(cost, lam),
+            target=t.label[idx][rows], task_reward=r_task, lam=torch.full_like(cost, lam),
         )  # fmt: skip
         loss, _ = head.loss(logits, rollout, idx[rows].tolist(), step)
         self.opt.zero_grad()

@@ -132,6 +132,7 @@ class RouterPolicy(RouterHead):
             self.entropy_coef(step),
             self.cfg.sup_coef,
             rollout.target.to(device),
+            self.cfg.sup_term,
         )
         flips = sign_flip_fraction(advantages, self.task_advantages(rollout, uids))
         return loss, {**parts, "sign_flip_frac": torch.tensor(flips)}

@@ -144,6 +144,13 @@ def test_router_advantage_is_one_of_the_registered_names():
         assert problems(f"router.advantage={name}", base="experiment=router_grpo") == []
 
 
+def test_router_sup_term_is_one_of_the_registered_names():
+    found = problems("router.sup_term=families", base="experiment=router_grpo")
+    assert found == ["router.sup_term: 'families' is not one of ['family', 'route']"]
+    for name in ("route", "family"):
+        assert problems(f"router.sup_term={name}", base="experiment=router_grpo") == []
+
+
 def test_every_target_must_import_and_a_bad_one_is_named_by_its_key():
     """Components from ``_target_`` (the defaults and a researcher's own): a target that does not
     import is one problem naming its key, found before the job builds anything."""

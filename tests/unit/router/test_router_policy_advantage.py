@@ -5,6 +5,7 @@ setting existed), and every router step logs ``train/router_sign_flip_frac``."""
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -12,7 +13,7 @@ import torch
 
 from src.algorithms.lagrange import component_advantage, scalarized_advantage, sign_flip_fraction
 from src.algorithms.loss_module import advantage_fn
-from src.algorithms.losses import router_loss
+from src.algorithms.losses import SUPERVISED_TERMS, router_loss
 from src.config.schema import AlgorithmGroupConfig, RouterHeadConfig
 from src.models.module import ToolRouterModule
 from src.models.router_policy import RouterPolicy
@@ -101,3 +102,20 @@ def test_every_router_step_logs_the_sign_flip_fraction(tiny):
         module.router_head.advantages(router, uids), module.router_head.task_advantages(router, uids)
     )
     assert metrics["train/router_sign_flip_frac"] == want
+
+
+def test_the_supervised_term_is_picked_by_name_from_the_weak_labels():
+    """``router.sup_term`` reaches the loss: the rollout's weak labels, the term by name."""
+    router, uids = _rollout(0.5, seed=4)
+    labels = torch.tensor([2, 1, 0, -1, 1] * G)[: len(uids)]
+    router = replace(router, target=labels)
+    logits = torch.randn(P, 3)
+    rows = logits[router.prompt_index]
+    for term in ("route", "family"):
+        policy = RouterPolicy(HIDDEN, RouterHeadConfig(enable=True, sup_coef=0.4, sup_term=term))
+        loss, parts = policy.loss(logits, router, uids, step=0)
+        adv = policy.advantages(router, uids)
+        want, _ = router_loss(rows, router.action, adv, policy.entropy_coef(0), 0.4, labels, term)
+        assert torch.equal(loss, want)
+        assert torch.equal(parts["ce"], SUPERVISED_TERMS.get(term)(torch.log_softmax(rows, -1), labels))
+    assert float(parts["ce"]) > 0
