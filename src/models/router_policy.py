@@ -23,10 +23,10 @@ from src.router.head import RouterHead, UnseenRule
 class RouterPolicy(RouterHead):
     """``RouterHead`` (same parameters, same checkpoint keys) plus the loss it is trained with.
 
-    loss = router_loss(logits, action, A, c_H(step), c_sup, weak label), rows grouped by uid, A by
-    ``router.advantage`` (``src.algorithms.lagrange.ROUTER_ADVANTAGES``: the group estimator
-    ``router.adv_estimator`` on r_router, or on r_task and cost apart), c_H the linear entropy
-    schedule.
+    loss = router_loss(logits, action, A, c_H(step), c_sup, weak label, ``router.sup_term``), rows
+    grouped by uid, A by ``router.advantage`` (``src.algorithms.lagrange.ROUTER_ADVANTAGES``: the
+    group estimator ``router.adv_estimator`` on r_router, or on r_task and cost apart), c_H the
+    linear entropy schedule, the weak-label term by name (``src.algorithms.losses.SUPERVISED_TERMS``).
 
     With ``router.ema_decay`` > 0 it also keeps a Polyak (exponential moving) average of the MLP's
     weights, as buffers ``ema_<weight name, dots as _>`` and the update count ``ema_updates``:
