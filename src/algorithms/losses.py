@@ -259,8 +259,8 @@ def family_cross_entropy(log_probs: torch.Tensor, targets: torch.Tensor) -> torc
     tool = targets >= 1
     if not bool(tool.any()):
         return log_probs.new_zeros(())
-    family = log_probs[tool, 1:]
-    return torch.nn.functional.nll_loss(family - family.logsumexp(-1, keepdim=True), targets[tool] - 1)
+    family = torch.log_softmax(log_probs[tool, 1:], dim=-1)  # log π(f) − log(π(S) + π(C))
+    return torch.nn.functional.nll_loss(family, targets[tool] - 1)
 
 
 def router_loss(
