@@ -342,6 +342,9 @@ class SftConfig:
     lr: float = 2.0e-3
     max_length: int = 768
     route_augment: bool = False
+    # route_augment's misrouted targets: the routed family's first listed tool, or the one picked by
+    # a hash of the request ("request_hash": no list position predicts the call; src.jobs.route_sft)
+    misrouted_tool: str = "first"
     lr_decay: bool = False
     log_every: int = 25  # log "SFT step i/N loss ETA" every N steps
     # the seed of the SFT's data order (and scripted episodes); None: the run's ``seed``. A fixed

@@ -93,6 +93,9 @@ def world_size(cfg: DictConfig) -> int:
     return int(cfg.trainer.devices) * int(cfg.trainer.num_nodes)
 
 
+MISROUTED_TOOLS = ("first", "request_hash")  # sft.misrouted_tool (src.jobs.route_sft)
+
+
 def _job(cfg: DictConfig) -> list[str]:
     m = cfg.model
     problems = one_of("task", cfg.task, ("rl", "sft"))
@@ -103,6 +106,7 @@ def _job(cfg: DictConfig) -> list[str]:
     s = cfg.sft
     problems += positive({"sft.max_steps": s.max_steps, "sft.batch_size": s.batch_size, "sft.lr": s.lr})
     problems += positive({"sft.max_length": s.max_length, "sft.episodes": s.episodes})
+    problems += one_of("sft.misrouted_tool", s.misrouted_tool, MISROUTED_TOOLS)
     return problems
 
 

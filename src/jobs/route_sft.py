@@ -8,6 +8,12 @@ target a *route-following* actor would write:
     another family       a call of a tool the routed prompt lists for that family, the request
                          copied into its first parameter (the actor does what the route says)
 
+Which listed tool a misrouted call names is ``misrouted_tool``: ``first`` (the family's first listed
+tool) or ``request_hash`` (the listed tool picked by a CRC-32 of the request). ``first`` teaches the
+actor a position rule: on its own family's route too it calls whichever tool is listed first, since
+misrouted targets are most of the family-routed examples (docs/router_demo.md, "The position rule
+is taught by the route SFT"). ``request_hash`` spreads them so that no position fits.
+
 So under a tool route the actor always calls a tool (cost 1) and under ANSWER it never does
 (cost 0): a tool route on a no-tool prompt costs a tool call and the answer's format reward, a
 wrong family costs the call's correctness. Which route a prompt deserves is then a question only
@@ -18,8 +24,10 @@ from __future__ import annotations
 
 import json
 import re
+import zlib
 from typing import Any
 
+from src.config.validate import MISROUTED_TOOLS
 from src.datamodules.gpt_oss import convert_ground_truth
 from src.formats.tools_block import parse_tools_block, tool_descriptions
 from src.rewards.dispatch import response_format
@@ -41,25 +49,36 @@ def _request_text(messages: list[dict]) -> str:
     return found[-1] if found else user.strip()
 
 
-def misrouted_call(routed_messages: list[dict], route: Route, families) -> str | None:
-    """XML target for a tool route the row does not belong to: one call of the first listed tool
-    of the route's family (else the first listed tool), the request text as its first parameter.
-    None when the routed prompt lists no tool with parameters."""
+def misrouted_call(
+    routed_messages: list[dict], route: Route, families, tool_choice: str = "first"
+) -> str | None:
+    """XML target for a tool route the row does not belong to: one call of a listed tool of the
+    route's family (else of the first listed tool), the request text as its first parameter.
+    ``tool_choice``: ``first`` the family's first listed tool, ``request_hash`` the one at
+    CRC-32(request) mod the family's listed count. None when that tool has no parameters."""
     system = next(m["content"] for m in routed_messages if m["role"] == "system")
     block = parse_tools_block(system)
     if block is None or not block.tools:
         return None
     labels = families.of_tools(block.tools)
-    family = route.label
-    tool = next((t for t in block.tools if labels[t.name] == family), block.tools[0])
+    in_family = [t for t in block.tools if labels[t.name] == route.label] or [block.tools[0]]
+    request = _request_text(routed_messages)
+    if tool_choice == "first":
+        tool = in_family[0]
+    elif tool_choice == "request_hash":
+        tool = in_family[zlib.crc32(request.encode()) % len(in_family)]
+    else:
+        raise ValueError(f"sft.misrouted_tool={tool_choice!r}; expected one of {MISROUTED_TOOLS}")
     params = tool.parameters_dict() or {}
     if not params:
         return None
-    call = json.dumps({"name": tool.name, "parameters": {next(iter(params)): _request_text(routed_messages)}})
+    call = json.dumps({"name": tool.name, "parameters": {next(iter(params)): request}})
     return f"<think> A {_KIND[route]}: {tool.name}. </think>\n<tool_call>\n{call}\n</tool_call>"
 
 
-def _row_examples(record: dict[str, Any], families, mode: str) -> list[tuple[list[dict], str]]:
+def _row_examples(
+    record: dict[str, Any], families, mode: str, tool_choice: str
+) -> list[tuple[list[dict], str]]:
     fmt = response_format(record["data_source"])
     system = next(m["content"] for m in record["messages"] if m["role"] == "system")
     label = weak_label(record["ground_truth"], families, fmt=fmt, descriptions=tool_descriptions(system))
@@ -72,7 +91,7 @@ def _row_examples(record: dict[str, Any], families, mode: str) -> list[tuple[lis
         elif label in (route.name, "MIXED"):
             target = record["ground_truth"]
         else:
-            call = misrouted_call(messages, route, families)
+            call = misrouted_call(messages, route, families, tool_choice)
             target = None if call is None else as_fmt(call)
         if target is not None:
             out.append((messages, target))
@@ -80,8 +99,8 @@ def _row_examples(record: dict[str, Any], families, mode: str) -> list[tuple[lis
 
 
 def route_following_examples(
-    records: list[dict[str, Any]], families, mode: str = "emphasis"
+    records: list[dict[str, Any]], families, mode: str = "emphasis", misrouted_tool: str = "first"
 ) -> list[tuple[list[dict], str]]:
     """(messages, target) pairs: each record under each route (``mode`` as the router's
-    ``prompt_mode``), targets as in the module doc."""
-    return [pair for record in records for pair in _row_examples(record, families, mode)]
+    ``prompt_mode``), targets as in the module doc (``misrouted_tool`` as ``sft.misrouted_tool``)."""
+    return [pair for record in records for pair in _row_examples(record, families, mode, misrouted_tool)]

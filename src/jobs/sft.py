@@ -102,16 +102,21 @@ def _encode(tokenizer, messages: list[dict], target: str, max_len: int) -> dict[
 
 
 def sft_examples(
-    records: list[dict[str, Any]], route_augment: bool, families=None, prompt_mode: str = "emphasis"
+    records: list[dict[str, Any]],
+    route_augment: bool,
+    families=None,
+    prompt_mode: str = "emphasis",
+    misrouted_tool: str = "first",
 ) -> list[tuple[list[dict], str]]:
     """(messages, target) pairs. Plain: each row's prompt and ground truth. ``route_augment``: each
-    row under all three route prompts with route-following targets (``src.jobs.route_sft``)."""
+    row under all three route prompts with route-following targets (``src.jobs.route_sft``;
+    ``misrouted_tool`` as ``sft.misrouted_tool``)."""
     if not route_augment:
         return [(r["messages"], r["ground_truth"]) for r in records]
     from src.jobs.route_sft import route_following_examples
     from src.router.families import ToolFamilies
 
-    return route_following_examples(records, families or ToolFamilies(), prompt_mode)
+    return route_following_examples(records, families or ToolFamilies(), prompt_mode, misrouted_tool)
 
 
 def _collate(pad_id: int):
@@ -250,6 +255,7 @@ def fit_sft(
         s.route_augment,
         make_families(cfg),
         cfg.router.get("prompt_mode", "emphasis"),
+        s.misrouted_tool,
     )
     encoded = [e for e in (_encode(tokenizer, m, t, s.max_length) for m, t in pairs) if e is not None]
     if len(encoded) < len(pairs):
@@ -295,9 +301,13 @@ def sft_seed(cfg: DictConfig) -> int:
 
 def _sft_key(cfg: DictConfig) -> dict[str, Any]:
     """``cfg.sft`` for a cache key, less ``seed`` (the key holds the effective seed, so ``sft.seed=0``
-    and a null one in a ``seed=0`` run find the same warm start)."""
+    and a null one in a ``seed=0`` run find the same warm start), and less ``misrouted_tool`` at its
+    default ``first`` (the targets every warm start had before the key existed, so those cached
+    warm starts stay valid)."""
     sft = OmegaConf.to_container(cfg.sft, resolve=True)
     sft.pop("seed", None)
+    if sft.get("misrouted_tool") == "first":
+        del sft["misrouted_tool"]
     return sft
 
 

@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 import logging
 import math
+import zlib
+
+import pytest
 
 from src.callbacks.progress import eta_seconds, router_postfix
 from src.datamodules.schema import extract_records
 from src.datamodules.synthetic import TOOLS, generate_rlla_rows
-from src.jobs.route_sft import DIRECT_ANSWER_XML, route_following_examples
+from src.jobs.route_sft import DIRECT_ANSWER_XML, _request_text, route_following_examples
 from src.rewards.rlla import compute_score, parse_tool_block
 from src.router.families import ToolFamilies
 from src.router.routes import weak_label
@@ -48,6 +51,46 @@ def test_every_row_under_every_route_with_route_following_targets():
                 assert list(call["parameters"]) == [next(iter(TOOLS[call["name"]].parameters))]
                 assert compute_score(target, record.ground_truth).total <= 0.0
             json.dumps(call)
+
+
+@pytest.mark.parametrize("misrouted_tool", ["first", "request_hash"])
+def test_misrouted_calls_name_the_first_listed_tool_or_the_one_the_request_hashes_to(misrouted_tool):
+    df = generate_rlla_rows(60, seed=5, p_search=1, p_calculate=1, p_answer=1, low_gain=0.5)
+    records, _ = extract_records(df, "synthetic")
+    families = ToolFamilies()
+    descriptions = {t: TOOLS[t].description for t in TOOLS}
+    dicts = [
+        {"messages": r.messages, "ground_truth": r.ground_truth, "data_source": r.data_source}
+        for r in records
+    ]
+    pairs = route_following_examples(dicts, families, mode="only_family", misrouted_tool=misrouted_tool)
+    positions = []
+    for k, record in enumerate(records):
+        label = weak_label(record.ground_truth, families, descriptions=descriptions)
+        for family, (msgs, target) in zip(("SEARCH", "CALCULATE"), pairs[3 * k + 1 : 3 * k + 3]):
+            if label in (family, "MIXED"):
+                continue
+            listed = _listed(msgs)
+            (call,) = parse_tool_block(target)
+            want = 0 if misrouted_tool == "first" else zlib.crc32(_request_text(msgs).encode()) % len(listed)
+            assert call["name"] == listed[want]
+            positions.append(want)
+    # the hash reaches every position of a two-tool family, so no list position predicts the call
+    assert set(positions) == ({0} if misrouted_tool == "first" else {0, 1})
+
+
+def test_misrouted_tool_is_validated_and_keys_only_a_non_default_warm_start(tmp_path):
+    from src.config.job import compose_job
+    from src.config.validate import ConfigError, validate
+    from src.jobs.sft import _sft_key
+
+    args = ["experiment=router_grpo", f"run_dir={tmp_path}"]
+    assert "misrouted_tool" not in _sft_key(compose_job(args))  # the keys cached before it existed
+    assert (
+        _sft_key(compose_job(args + ["sft.misrouted_tool=request_hash"]))["misrouted_tool"] == "request_hash"
+    )
+    with pytest.raises(ConfigError, match="sft.misrouted_tool: 'last' is not one of"):
+        validate(compose_job(args + ["sft.misrouted_tool=last"]))
 
 
 def test_router_postfix_shows_lambda_cost_against_budget_and_route_mix():
