@@ -50,11 +50,11 @@ def _request_text(messages: list[dict]) -> str:
 
 
 def misrouted_call(
-    routed_messages: list[dict], route: Route, families, tool_choice: str = "first"
+    routed_messages: list[dict], route: Route, families, misrouted_tool: str = "first"
 ) -> str | None:
     """XML target for a tool route the row does not belong to: one call of a listed tool of the
     route's family (else of the first listed tool), the request text as its first parameter.
-    ``tool_choice``: ``first`` the family's first listed tool, ``request_hash`` the one at
+    ``misrouted_tool``: ``first`` the family's first listed tool, ``request_hash`` the one at
     CRC-32(request) mod the family's listed count. None when that tool has no parameters."""
     system = next(m["content"] for m in routed_messages if m["role"] == "system")
     block = parse_tools_block(system)
@@ -63,12 +63,12 @@ def misrouted_call(
     labels = families.of_tools(block.tools)
     in_family = [t for t in block.tools if labels[t.name] == route.label] or [block.tools[0]]
     request = _request_text(routed_messages)
-    if tool_choice == "first":
+    if misrouted_tool == "first":
         tool = in_family[0]
-    elif tool_choice == "request_hash":
+    elif misrouted_tool == "request_hash":
         tool = in_family[zlib.crc32(request.encode()) % len(in_family)]
     else:
-        raise ValueError(f"sft.misrouted_tool={tool_choice!r}; expected one of {MISROUTED_TOOLS}")
+        raise ValueError(f"sft.misrouted_tool={misrouted_tool!r}; expected one of {MISROUTED_TOOLS}")
     params = tool.parameters_dict() or {}
     if not params:
         return None
@@ -77,7 +77,7 @@ def misrouted_call(
 
 
 def _row_examples(
-    record: dict[str, Any], families, mode: str, tool_choice: str
+    record: dict[str, Any], families, mode: str, misrouted_tool: str
 ) -> list[tuple[list[dict], str]]:
     fmt = response_format(record["data_source"])
     system = next(m["content"] for m in record["messages"] if m["role"] == "system")
@@ -91,7 +91,7 @@ def _row_examples(
         elif label in (route.name, "MIXED"):
             target = record["ground_truth"]
         else:
-            call = misrouted_call(messages, route, families, tool_choice)
+            call = misrouted_call(messages, route, families, misrouted_tool)
             target = None if call is None else as_fmt(call)
         if target is not None:
             out.append((messages, target))

@@ -23,14 +23,20 @@ def _listed(messages) -> list[str]:
     return [line.split("Name: ", 1)[1] for line in system.split("\n") if ". Name: " in line]
 
 
-def test_every_row_under_every_route_with_route_following_targets():
-    df = generate_rlla_rows(30, seed=3, p_search=1, p_calculate=1, p_answer=1, low_gain=0.5)
+def _synthetic_records(n: int, seed: int):
+    """``n`` synthetic rows as records, and as the dicts ``route_following_examples`` reads."""
+    df = generate_rlla_rows(n, seed=seed, p_search=1, p_calculate=1, p_answer=1, low_gain=0.5)
     records, _ = extract_records(df, "synthetic")
-    families = ToolFamilies()
     dicts = [
         {"messages": r.messages, "ground_truth": r.ground_truth, "data_source": r.data_source}
         for r in records
     ]
+    return records, dicts
+
+
+def test_every_row_under_every_route_with_route_following_targets():
+    records, dicts = _synthetic_records(30, seed=3)
+    families = ToolFamilies()
     pairs = route_following_examples(dicts, families, mode="only_family")
     assert len(pairs) == 3 * len(records)
     for k, record in enumerate(records):
@@ -55,14 +61,9 @@ def test_every_row_under_every_route_with_route_following_targets():
 
 @pytest.mark.parametrize("misrouted_tool", ["first", "request_hash"])
 def test_misrouted_calls_name_the_first_listed_tool_or_the_one_the_request_hashes_to(misrouted_tool):
-    df = generate_rlla_rows(60, seed=5, p_search=1, p_calculate=1, p_answer=1, low_gain=0.5)
-    records, _ = extract_records(df, "synthetic")
+    records, dicts = _synthetic_records(60, seed=5)
     families = ToolFamilies()
     descriptions = {t: TOOLS[t].description for t in TOOLS}
-    dicts = [
-        {"messages": r.messages, "ground_truth": r.ground_truth, "data_source": r.data_source}
-        for r in records
-    ]
     pairs = route_following_examples(dicts, families, mode="only_family", misrouted_tool=misrouted_tool)
     positions = []
     for k, record in enumerate(records):
